@@ -1,0 +1,83 @@
+"""A small logger: stderr and/or a log file, never stdout. No `logging` import on the hot path.
+
+Secrets never reach it: callers log field names and outcomes, not configs, and `redact` masks
+credential-looking keys when a structure must be shown."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from typing import Any
+
+LEVELS = {"debug": 10, "verbose": 15, "info": 20, "warning": 30, "error": 40, "panic": 50}
+_SECRET_WORDS = ("password", "token", "secret", "key_file", "keyfile", "credential")
+
+
+class _State:
+    level = LEVELS["warning"]
+    fds: tuple[int, ...] = (2,)
+    tag = "pycni"
+
+
+def configure(level: str | None = None, file: str | None = None, tag: str | None = None) -> None:
+    """Apply a plugin's logLevel/logFile. Unknown levels keep the current one (logged once)."""
+    if tag:
+        _State.tag = tag
+    if level:
+        if level.lower() in LEVELS:
+            _State.level = LEVELS[level.lower()]
+        else:
+            warning("unknown log level %r ignored (known: %s)", level, ", ".join(LEVELS))
+    if file:
+        try:
+            fd = os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as e:
+            warning("cannot open log file %s: %s", file, e.strerror)
+            return
+        _State.fds = (*_State.fds, fd) if 2 in _State.fds else (fd,)
+
+
+def _emit(level: int, name: str, msg: str, args: tuple[Any, ...]) -> None:
+    if level < _State.level:
+        return
+    text = msg % args if args else msg
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    line = f"{stamp}Z {_State.tag}[{os.getpid()}] {name}: {text}\n".encode(errors="replace")
+    for fd in _State.fds:
+        with contextlib.suppress(OSError):
+            os.write(fd, line)
+
+
+def debug(msg: str, *args: Any) -> None:
+    _emit(10, "debug", msg, args)
+
+
+def info(msg: str, *args: Any) -> None:
+    _emit(20, "info", msg, args)
+
+
+def warning(msg: str, *args: Any) -> None:
+    _emit(30, "warning", msg, args)
+
+
+def error(msg: str, *args: Any) -> None:
+    _emit(40, "error", msg, args)
+
+
+def redact(obj: Any) -> Any:
+    """A copy of `obj` with credential-looking values replaced by '***'."""
+    if isinstance(obj, dict):
+        return {
+            k: "***" if any(w in str(k).lower() for w in _SECRET_WORDS) else redact(v) for k, v in obj.items()
+        }
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    return obj
+
+
+def traceback_text() -> str:
+    import traceback
+
+    return "".join(traceback.format_exception(*sys.exc_info()))

@@ -1,0 +1,50 @@
+"""pyroute2 as a message codec only.
+
+`import pyroute2` runs the package __init__, which pulls in asyncio, ssl, multiprocessing and every
+netlink family: 160-200 ms per call on our machines. The message classes we need cost ~30 ms on
+their own. So we register a bare package object for `pyroute2` (its real search path, no __init__
+executed) and import only the rtnl message modules. pyroute2 is pinned in pyproject.toml because of
+this; the transport (cni.netlink.socket) is our own small synchronous one."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+
+
+def _bare_package() -> None:
+    if "pyroute2" in sys.modules:
+        return
+    spec = importlib.util.find_spec("pyroute2")
+    if spec is None or spec.submodule_search_locations is None:
+        raise ImportError("pyroute2 is not installed")
+    pkg = types.ModuleType("pyroute2")
+    pkg.__path__ = list(spec.submodule_search_locations)
+    pkg.__spec__ = spec
+    pkg.__file__ = spec.origin
+    sys.modules["pyroute2"] = pkg
+
+
+_bare_package()
+
+from pyroute2.netlink import nlmsg_atoms  # noqa: E402
+from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg  # noqa: E402
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data  # noqa: E402
+from pyroute2.netlink.rtnl.rtmsg import rtmsg  # noqa: E402
+
+
+class macvlan_data(macvx_data):  # type: ignore[misc]
+    """macvlan IFLA_INFO_DATA with the broadcast-queue attributes pyroute2 0.9 lacks."""
+
+    nla_map = (
+        *macvx_data.nla_map,
+        ("IFLA_MACVLAN_BC_QUEUE_LEN", "uint32"),
+        ("IFLA_MACVLAN_BC_QUEUE_LEN_USED", "uint32"),
+        ("IFLA_MACVLAN_BC_CUTOFF", "int32"),
+    )
+
+
+ifinfmsg.ifinfo.register_link_kind(module={"macvlan": macvlan_data})
+
+__all__ = ["ifaddrmsg", "ifinfmsg", "nlmsg_atoms", "rtmsg"]

@@ -1,0 +1,104 @@
+"""Network namespaces: open one by path (never create one by accident), enter it on this thread.
+
+setns() changes only the calling OS thread, so every helper here is thread-safe as long as the
+caller stays on one thread between enter and leave (the context manager guarantees it)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from cni.errors import NetnsError, NetnsGoneError
+
+CLONE_NEWNET = 0x40000000
+
+
+NS_GET_NSTYPE = 0xB703
+
+
+def is_netns_fd(fd: int) -> bool:
+    """True when `fd` refers to a network namespace (the nsfs NS_GET_NSTYPE ioctl)."""
+    import fcntl
+
+    try:
+        return fcntl.ioctl(fd, NS_GET_NSTYPE) == CLONE_NEWNET
+    except OSError:
+        return False
+
+
+def open_netns(path: str) -> int:
+    """An O_RDONLY fd on the namespace at `path`. NetnsGoneError when it does not exist (or is an
+    unmounted leftover file), NetnsError when it is something else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise NetnsGoneError(f"CNI_NETNS {path}: no such network namespace") from None
+    except OSError as e:
+        raise NetnsError(f"CNI_NETNS {path}: cannot open: {e.strerror}") from None
+    if is_netns_fd(fd):
+        return fd
+    st = os.fstat(fd)
+    os.close(fd)
+    if os.path.isdir(path):
+        raise NetnsError(f"CNI_NETNS {path}: is a directory, not a network namespace")
+    if st.st_size == 0 and os.path.isfile(path):
+        # the mount point left behind after the namespace was unmounted: the namespace is gone
+        raise NetnsGoneError(f"CNI_NETNS {path}: namespace no longer mounted")
+    raise NetnsError(f"CNI_NETNS {path}: not a network namespace")
+
+
+def current() -> int:
+    return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+
+
+@contextmanager
+def entered(fd: int | None) -> Iterator[None]:
+    """Run the body inside the namespace `fd` (None: stay where we are), then come back."""
+    if fd is None:
+        yield
+        return
+    home = current()
+    try:
+        os.setns(fd, CLONE_NEWNET)
+        try:
+            yield
+        finally:
+            os.setns(home, CLONE_NEWNET)
+    finally:
+        os.close(home)
+
+
+@contextmanager
+def opened(path: str) -> Iterator[int]:
+    fd = open_netns(path)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def same(fd_a: int, fd_b: int) -> bool:
+    a, b = os.fstat(fd_a), os.fstat(fd_b)
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+@contextmanager
+def temporary() -> Iterator[int]:
+    """An anonymous namespace that lives while the yielded fd is open (for collision-free moves).
+    Unshares on this thread and returns to the original namespace before yielding."""
+    home = current()
+    try:
+        os.unshare(CLONE_NEWNET)
+        fd = current()
+        os.setns(home, CLONE_NEWNET)
+    except OSError as e:
+        os.close(home)
+        raise NetnsError(
+            f"cannot create a temporary network namespace: {e.strerror}"
+        ) from None
+    os.close(home)
+    try:
+        yield fd
+    finally:
+        os.close(fd)

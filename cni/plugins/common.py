@@ -1,0 +1,51 @@
+"""Pieces every interface plugin shares: logging settings, IPAM wrappers, CHECK of addresses and
+routes against prevResult."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cni import delegate, log
+from cni.errors import CheckError
+from cni.netlink import addrs, routes
+from cni.netlink.socket import Netlink
+from cni.types import fields as f
+from cni.types.netconf import Request
+from cni.types.result import Interface, Result
+
+
+def setup_logging(conf: dict[str, Any], tag: str) -> None:
+    level = conf.get("logLevel")
+    file = conf.get("logFile")
+    log.configure(level if isinstance(level, str) else None, file if isinstance(file, str) else None, tag)
+
+
+def ipam_add(req: Request) -> Result:
+    kind = str(req.ipam()["type"])  # type: ignore[index]
+    return delegate.require_ips(delegate.add(req), kind)
+
+
+def our_interface(prev: Result, req: Request) -> tuple[int, Interface]:
+    """The prevResult interface this attachment created: name CNI_IFNAME in sandbox CNI_NETNS."""
+    for i, iface in enumerate(prev.interfaces):
+        if iface.name == req.ifname and iface.sandbox == req.netns:
+            return i, iface
+    raise CheckError(f'prevResult: no interface "{req.ifname}" with sandbox {req.netns}')
+
+
+def check_ips_and_routes(nl: Netlink, index: int, name: str, prev: Result, iface_idx: int) -> None:
+    """Every prevResult IP of our interface is on the link; every prevResult route exists."""
+    present = {a.address for a in addrs.dump(nl, index)}
+    for ip in prev.ips:
+        if ip.interface is not None and ip.interface != iface_idx:
+            continue
+        if ip.address not in present:
+            raise CheckError(f"{name}: address {ip.address} from prevResult is missing")
+    have = routes.dump(nl)
+    for r in prev.routes:
+        if not any(k.dst == r.dst and (r.gw is None or k.gw == r.gw) for k in have):
+            raise CheckError(f"{name}: route {r.dst} via {r.gw or 'link'} from prevResult is missing")
+
+
+def opt_bool(conf: dict[str, Any], key: str, default: bool = False) -> bool:
+    return bool(f.opt(conf, key, bool, "", default))

@@ -1,0 +1,211 @@
+"""macvlan: a MAC-VLAN child of an uplink (RoCE shared mode), created directly in the pod."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from cni import delegate, ifconfig, log, netns
+from cni.errors import CheckError, ConfigError, InterfaceExistsError, NetnsGoneError, NotAvailableError
+from cni.netlink import links, routes
+from cni.netlink.socket import EEXIST, Netlink, NetlinkError, opened
+from cni.plugins import common
+from cni.types import fields as f
+from cni.types.netconf import Request, requested_mac, require_prev_result
+from cni.types.result import DNS, Interface, Result
+from cni.undo import Undo
+
+MODES = ("bridge", "private", "vepa", "passthru")
+MIN_MTU = 68
+
+
+@dataclass(frozen=True)
+class MacvlanConf:
+    master: str = ""
+    mode: str = "bridge"
+    mtu: int = 0
+    mac: str | None = None
+    link_in_container: bool = False
+    bcqueuelen: int = 0
+    dad: str = "on"
+    dns: DNS = field(default_factory=DNS)
+    ipam: dict[str, Any] | None = None
+
+    @staticmethod
+    def from_request(req: Request) -> MacvlanConf:
+        c = req.conf
+        mac = f.mac(c["mac"], "mac") if c.get("mac") else None
+        mtu = f.int_range(c, "mtu", "", 0, 65535, 0)
+        if 0 < mtu < MIN_MTU:
+            raise ConfigError(f"mtu: {mtu} is below the minimum of {MIN_MTU}")
+        return MacvlanConf(
+            master=f.opt(c, "master", str, "", ""),
+            mode=f.choice(c, "mode", "", MODES, "bridge"),
+            mtu=mtu,
+            mac=requested_mac(req, mac),
+            link_in_container=common.opt_bool(c, "linkInContainer"),
+            bcqueuelen=f.int_range(c, "bcqueuelen", "", 0, 2**32 - 1, 0),
+            dad=f.choice(c, "dad", "", ifconfig.DAD_MODES, "on"),
+            dns=req.dns(),
+            ipam=req.ipam(),
+        )
+
+
+def _where(conf: MacvlanConf, req: Request) -> str:
+    return (
+        f"the container network namespace {req.netns}"
+        if conf.link_in_container
+        else "the host network namespace"
+    )
+
+
+def find_master(nl: Netlink, conf: MacvlanConf, req: Request) -> links.Link:
+    name = conf.master
+    if not name:
+        index = routes.default_route_oif(nl)
+        master = links.get(nl, index=index) if index else None
+        if master is None:
+            raise ConfigError(f"master: not set, and there is no default route in {_where(conf, req)}")
+        return master
+    master = links.get(nl, name)
+    if master is None:
+        raise ConfigError(f'master: interface "{name}" not found in {_where(conf, req)}')
+    return master
+
+
+def add(req: Request) -> Result:
+    common.setup_logging(req.conf, "macvlan")
+    conf = MacvlanConf.from_request(req)
+    with netns.opened(req.netns) as ns_fd, opened(ns_fd) as pod_nl:
+        if conf.link_in_container:
+            return _add(req, conf, ns_fd, pod_nl, pod_nl)
+        with opened(None) as host_nl:
+            return _add(req, conf, ns_fd, pod_nl, host_nl)
+
+
+def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl: Netlink) -> Result:
+    master = find_master(master_nl, conf, req)
+    if conf.mtu > master.mtu:
+        raise ConfigError(f"mtu: {conf.mtu} is larger than the MTU of master {master.name} ({master.mtu})")
+    if links.get(pod_nl, req.ifname) is not None:
+        raise InterfaceExistsError(f'CNI_IFNAME "{req.ifname}" already exists in {req.netns}')
+    with Undo() as undo:
+        tmp = "pc" + secrets.token_hex(4)
+        links.create_macvlan(
+            master_nl,
+            tmp,
+            master.index,
+            conf.mode,
+            mtu=conf.mtu,
+            mac=conf.mac,
+            bcqueuelen=conf.bcqueuelen,
+            netns_fd=None if conf.link_in_container else ns_fd,
+        )
+        created = links.get(pod_nl, tmp)
+        assert created is not None, "macvlan vanished right after creation"
+        undo.push(f"delete macvlan {req.ifname}", links.delete, pod_nl, created.index)
+        try:
+            links.set_name(pod_nl, created.index, req.ifname)
+        except NetlinkError as e:
+            if e.errno == EEXIST:
+                raise InterfaceExistsError(
+                    f'CNI_IFNAME "{req.ifname}" already exists in {req.netns}'
+                ) from None
+            raise
+        link = links.get(pod_nl, index=created.index)
+        assert link is not None
+        iface = Interface(name=req.ifname, mac=link.mac, sandbox=req.netns, mtu=link.mtu)
+        if conf.ipam is None:
+            links.set_up(pod_nl, link.index)
+            undo.commit()
+            return Result(interfaces=(iface,), dns=conf.dns)
+        ipam_result = common.ipam_add(req)
+        undo.push("release the IPAM allocation", delegate.delete, req)
+        result = ipam_result.with_interface(iface)
+        if conf.dns:
+            result = Result(result.interfaces, result.ips, result.routes, conf.dns)
+        ifconfig.configure(ns_fd, link.index, result, dad=conf.dad)
+        undo.commit()
+    log.info(
+        "ADD %s/%s: macvlan on %s, %d address(es)", req.container_id, req.ifname, master.name, len(result.ips)
+    )
+    return result
+
+
+def delete(req: Request) -> None:
+    """Remove the link if it is ours (a macvlan), then release IPAM. Missing netns or link: fine."""
+    common.setup_logging(req.conf, "macvlan")
+    if req.netns:
+        try:
+            with netns.opened(req.netns) as ns_fd, opened(ns_fd) as nl:
+                link = links.get(nl, req.ifname)
+                if link is None:
+                    log.debug("DEL %s: %s already gone", req.container_id, req.ifname)
+                elif link.kind != "macvlan":
+                    log.warning(
+                        "DEL %s: %s is a %s link, not ours; left alone",
+                        req.container_id,
+                        req.ifname,
+                        link.kind or "plain",
+                    )
+                else:
+                    links.delete(nl, link.index)
+        except NetnsGoneError as e:
+            log.info("DEL %s: %s; nothing to remove there", req.container_id, e.msg)
+    if req.ipam() is not None:
+        delegate.delete(req)
+
+
+def check(req: Request) -> None:
+    common.setup_logging(req.conf, "macvlan")
+    conf = MacvlanConf.from_request(req)
+    with netns.opened(req.netns) as ns_fd, opened(ns_fd) as pod_nl:
+        if conf.ipam is not None:
+            delegate.check(req)
+        prev = require_prev_result(req)
+        idx, iface = common.our_interface(prev, req)
+        if conf.link_in_container:
+            master = find_master(pod_nl, conf, req)
+        else:
+            with opened(None) as host_nl:
+                master = find_master(host_nl, conf, req)
+        link = links.get(pod_nl, req.ifname)
+        if link is None:
+            raise CheckError(f"{req.ifname}: not found in {req.netns}")
+        _check_link(link, conf, iface, master)
+        common.check_ips_and_routes(pod_nl, link.index, req.ifname, prev, idx)
+
+
+def _check_link(link: links.Link, conf: MacvlanConf, iface: Interface, master: links.Link) -> None:
+    name = link.name
+    if link.kind != "macvlan":
+        raise CheckError(f"{name}: is a {link.kind or 'plain'} link, expected macvlan")
+    if link.macvlan_mode != conf.mode:
+        raise CheckError(
+            f"{name}: macvlan mode {link.macvlan_mode} does not match the configured {conf.mode}"
+        )
+    if iface.mac and link.mac.lower() != iface.mac.lower():
+        raise CheckError(f"{name}: MAC {link.mac} does not match prevResult {iface.mac}")
+    if link.parent != master.index:
+        raise CheckError(f"{name}: its master is link {link.parent}, not {master.name} ({master.index})")
+    if conf.mtu and link.mtu != conf.mtu:
+        raise CheckError(f"{name}: MTU {link.mtu} does not match the configured {conf.mtu}")
+
+
+def status(req: Request) -> None:
+    conf = MacvlanConf.from_request(req)
+    if not conf.link_in_container:
+        with opened(None) as nl:
+            try:
+                find_master(nl, conf, req)
+            except ConfigError as e:
+                raise NotAvailableError(e.msg) from None
+    if conf.ipam is not None:
+        delegate.status(req)
+
+
+def gc(req: Request) -> None:
+    """macvlan keeps no state outside the pod; GC only reaches the IPAM."""
+    if req.ipam() is not None:
+        delegate.gc(req)

@@ -1,0 +1,19 @@
+"""Plugin name -> module. The multicall entry dispatches on it and the PyInstaller build takes its
+hidden-import list from it, so there is one list, not two."""
+
+from __future__ import annotations
+
+PLUGINS: dict[str, str] = {
+    "macvlan": "cni.plugins.macvlan",
+}
+
+# Modules imported lazily on some path (not visible to PyInstaller's import scan).
+LAZY_MODULES: tuple[str, ...] = (*PLUGINS.values(),)
+
+
+def module_for(name: str) -> str | None:
+    return PLUGINS.get(name)
+
+
+# IPAM types served in-process when CNI_PATH resolves to this bundle (see cni.delegate).
+IN_PROCESS_IPAM: dict[str, str] = {}

@@ -1,0 +1,198 @@
+"""The plugin main: validate env and stdin, gate by cniVersion, dispatch, print the result or the
+error object. `run` takes env, stdin and the output streams so it is testable without a process."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Mapping
+from typing import IO, Any
+
+from cni import log, spec
+from cni.errors import CniError, Code, ConfigError, DecodeError, EnvError
+from cni.types import fields as f
+from cni.types.args import parse as parse_args
+from cni.types.netconf import Request
+
+FUNCTIONS = {"ADD": "add", "DEL": "delete", "CHECK": "check", "GC": "gc", "STATUS": "status"}
+NEEDS = {  # which CNI_* each command requires (CNI_NETNS is optional on DEL, CNI_PATH on STATUS)
+    "ADD": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"),
+    "CHECK": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"),
+    "DEL": ("CNI_CONTAINERID", "CNI_IFNAME", "CNI_PATH"),
+    "GC": ("CNI_PATH",),
+    "STATUS": (),
+}
+IFNAMSIZ = 16
+
+
+def ifname_problem(name: str) -> str | None:
+    size = len(name.encode())
+    if size == 0:
+        return "is empty"
+    if size >= IFNAMSIZ:
+        return f"is {size} bytes long (at most {IFNAMSIZ - 1})"
+    if name in (".", ".."):
+        return "may not be . or .."
+    for ch in name:
+        if ch in "/:" or ch.isspace():
+            return f"contains {ch!r}"
+    return None
+
+
+def check_env(command: str, env: Mapping[str, str]) -> None:
+    """Raise code 4 naming every missing or invalid variable at once."""
+    missing = [k for k in NEEDS[command] if not env.get(k)]
+    invalid = []
+    cid = env.get("CNI_CONTAINERID", "")
+    if cid and not f.NAME_RE.match(cid):
+        invalid.append(f'CNI_CONTAINERID "{cid}" (must match {f.NAME_RE.pattern})')
+    ifname = env.get("CNI_IFNAME")
+    problem = ifname_problem(ifname) if ifname else None
+    if problem:
+        invalid.append(f'CNI_IFNAME "{ifname}" {problem}')
+    parts = []
+    if missing:
+        parts.append("missing " + ", ".join(missing))
+    if invalid:
+        parts.append("invalid " + "; ".join(invalid))
+    if parts:
+        raise EnvError("; ".join(parts))
+
+
+def check_not_own_netns(netns: str, env: Mapping[str, str]) -> None:
+    """CNI_NETNS must not be the plugin's own namespace (code 8): a DEL there would remove host links."""
+    if not netns or env.get("CNI_NETNS_OVERRIDE", "").lower() in ("1", "true"):
+        return
+    try:
+        target, own = os.stat(netns), os.stat("/proc/self/ns/net")
+    except OSError:
+        return  # missing or unreadable: the plugin reports it in context
+    if (target.st_dev, target.st_ino) == (own.st_dev, own.st_ino):
+        raise CniError(f"CNI_NETNS {netns} is the plugin's own network namespace", code=Code.INVALID_NETNS)
+
+
+def parse_request(command: str, env: Mapping[str, str], stdin: bytes) -> Request:
+    check_env(command, env)
+    args = parse_args(env.get("CNI_ARGS", ""))
+    conf = _decode(stdin)
+    version = conf.get("cniVersion")
+    if version is None or version == "":
+        version = spec.DEFAULT
+    version = f.typed(version, str, "cniVersion")
+    try:
+        spec.gate(command, version)
+        f.name(f.req(conf, "name", str, ""), "name")
+        f.opt(conf, "type", str, "")
+        netns = env.get("CNI_NETNS", "")
+        check_not_own_netns(netns, env)
+    except CniError as e:
+        e.version = version  # type: ignore[attr-defined]
+        raise
+    return Request(
+        command=command,
+        version=version,
+        conf=conf,
+        stdin=stdin,
+        container_id=env.get("CNI_CONTAINERID", ""),
+        netns=netns,
+        ifname=env.get("CNI_IFNAME", ""),
+        args=args,
+        path=tuple(p for p in env.get("CNI_PATH", "").split(":") if p),
+        env=env,
+    )
+
+
+def _decode(stdin: bytes) -> dict[str, Any]:
+    from cni import jsonio
+
+    if not stdin.strip():
+        raise DecodeError("stdin: empty network configuration")
+    conf = jsonio.loads(stdin, "network configuration")
+    if not isinstance(conf, dict):
+        raise DecodeError(f"network configuration: expected a JSON object, got {type(conf).__name__}")
+    return conf
+
+
+def version_text() -> bytes:
+    from cni import jsonio
+
+    return jsonio.dumps({"cniVersion": spec.LATEST, "supportedVersions": list(spec.SUPPORTED)}) + b"\n"
+
+
+def error_text(err: CniError, version: str) -> bytes:
+    from cni import jsonio
+
+    return (
+        jsonio.dumps({"cniVersion": version, "code": int(err.code), "msg": err.msg, "details": err.details})
+        + b"\n"
+    )
+
+
+def dispatch(module: Any, req: Request) -> bytes:
+    """Call the plugin function for req.command; return what goes to stdout."""
+    fn = getattr(module, FUNCTIONS[req.command], None)
+    if fn is None:
+        return b""  # not implemented means success, as in the reference skel
+    result = fn(req)
+    if req.command != "ADD":
+        return b""
+    from cni import jsonio
+    from cni.types.result import to_wire
+
+    try:
+        wire = to_wire(result, req.version)
+    except CniError:
+        _rollback(module, req)
+        raise
+    return jsonio.dumps(wire) + b"\n"
+
+
+def _rollback(module: Any, req: Request) -> None:
+    """The result cannot be printed in the requested version: undo the ADD before failing."""
+    from dataclasses import replace
+
+    try:
+        module.delete(replace(req, command="DEL"))
+    except Exception as e:  # reported in the log; the original error is what the caller sees
+        log.error("rollback after failed result conversion: %s", e)
+
+
+def run(plugin: str, env: Mapping[str, str], stdin: IO[bytes], stdout: IO[bytes], about: str = "") -> int:
+    """Execute one CNI call; returns the process exit code."""
+    command = env.get("CNI_COMMAND", "")
+    if not command:
+        text = about or f"pycni {plugin}"
+        os.write(2, f"{text}\nCNI protocol versions supported: {', '.join(spec.SUPPORTED)}\n".encode())
+        return 0
+    version = spec.LATEST
+    try:
+        if command == "VERSION":
+            stdout.write(version_text())
+            return 0
+        if command not in FUNCTIONS:
+            raise EnvError(
+                f'CNI_COMMAND: unknown command "{command}" (expected one of {", ".join(spec.COMMANDS)})'
+            )
+        data = stdin.read()
+        req = parse_request(command, env, data)
+        version = req.version
+        module = _load(plugin)
+        stdout.write(dispatch(module, req))
+        return 0
+    except CniError as e:
+        log.debug("%s %s failed: code %d: %s", plugin, command, int(e.code), e)
+        stdout.write(error_text(e, getattr(e, "version", version)))
+        return 1
+    except Exception as e:  # anything unexpected: code 999, one traceback in the log
+        log.error("%s %s: unexpected error\n%s", plugin, command, log.traceback_text())
+        stdout.write(error_text(CniError(f"internal error: {e}"), version))
+        return 1
+
+
+def _load(plugin: str) -> Any:
+    from cni.registry import module_for
+
+    name = module_for(plugin)
+    if name is None:
+        raise ConfigError(f'type: unknown plugin "{plugin}"')
+    return importlib.import_module(name)

@@ -1,0 +1,109 @@
+"""Typed reads from a decoded JSON object; every error names the exact field and the bad value."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+from cni.errors import ConfigError
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_MAC = re.compile(r"^[0-9a-fA-F]{2}([:-])[0-9a-fA-F]{2}(\1[0-9a-fA-F]{2}){4}$")
+NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+_TYPES = {str: "a string", int: "an integer", bool: "a boolean", dict: "an object", list: "a list"}
+
+
+def join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def show(value: Any) -> str:
+    """A short rendering of a bad value for an error message."""
+    text = repr(value) if not isinstance(value, str) else f'"{value}"'
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def typed(value: Any, kind: type, path: str) -> Any:
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if not ok:
+        raise ConfigError(f"{path}: must be {_TYPES[kind]}, got {show(value)}")
+    return value
+
+
+def opt(d: dict[str, Any], key: str, kind: type, path: str, default: Any = None) -> Any:
+    """d[key] checked against `kind`; `default` when the key is absent or null."""
+    value = d.get(key)
+    if value is None:
+        return default
+    return typed(value, kind, join(path, key))
+
+
+def req(d: dict[str, Any], key: str, kind: type, path: str) -> Any:
+    value = d.get(key)
+    if value is None or value == "":
+        raise ConfigError(f"{join(path, key)}: required")
+    return typed(value, kind, join(path, key))
+
+
+def int_range(d: dict[str, Any], key: str, path: str, lo: int, hi: int, default: int | None = None) -> Any:
+    value = opt(d, key, int, path, default)
+    if value is not None and not lo <= value <= hi:
+        raise ConfigError(f"{join(path, key)}: {value} out of range [{lo}, {hi}]")
+    return value
+
+
+def choice(d: dict[str, Any], key: str, path: str, choices: tuple[str, ...], default: str) -> str:
+    value = opt(d, key, str, path, default) or default
+    if value not in choices:
+        raise ConfigError(
+            f'{join(path, key)}: unknown value "{value}" (expected one of {", ".join(choices)})'
+        )
+    return str(value)
+
+
+def mac(value: Any, path: str) -> str:
+    """A unicast MAC in lower-case colon form."""
+    typed(value, str, path)
+    if not _MAC.match(value):
+        raise ConfigError(f"{path}: not a MAC address: {show(value)}")
+    text = str(value).lower().replace("-", ":")
+    if int(text[:2], 16) & 1:
+        raise ConfigError(f"{path}: {text} is a multicast MAC address")
+    return text
+
+
+def ip(value: Any, path: str) -> IPAddress:
+    typed(value, str, path)
+    try:
+        return ipaddress.ip_address(value)
+    except ValueError:
+        raise ConfigError(f"{path}: not an IP address: {show(value)}") from None
+
+
+def cidr(value: Any, path: str) -> IPInterface:
+    """An address with prefix ('198.51.100.7/24'), host bits allowed."""
+    typed(value, str, path)
+    if "/" not in value:
+        raise ConfigError(f"{path}: not a CIDR (address/prefix): {show(value)}")
+    try:
+        return ipaddress.ip_interface(value)
+    except ValueError:
+        raise ConfigError(f"{path}: not a CIDR (address/prefix): {show(value)}") from None
+
+
+def network(value: Any, path: str) -> IPNetwork:
+    """A subnet ('198.51.100.0/24'); host bits are cleared."""
+    return cidr(value, path).network
+
+
+def name(value: Any, path: str) -> str:
+    typed(value, str, path)
+    if not NAME_RE.match(value):
+        raise ConfigError(f"{path}: invalid characters in {show(value)} (allowed: {NAME_RE.pattern})")
+    return str(value)

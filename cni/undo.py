@@ -1,0 +1,47 @@
+"""Explicit rollback: one step per resource created, run in reverse when the body fails."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Literal
+
+from cni import log
+from cni.errors import CniError
+
+
+class Undo:
+    """`with Undo() as undo: ...; undo.push("delete link", fn, idx); ...; undo.commit()`.
+
+    On an exception every pushed step runs (newest first), each one even if an earlier one failed;
+    failures are logged and appended to the error's details, and the original error propagates."""
+
+    def __init__(self) -> None:
+        self._steps: list[tuple[str, Callable[..., Any], tuple[Any, ...]]] = []
+
+    def push(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
+        self._steps.append((what, fn, args))
+
+    def commit(self) -> None:
+        self._steps.clear()
+
+    def __enter__(self) -> Undo:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
+        if exc is None or not self._steps:
+            return False
+        failed = []
+        for what, fn, args in reversed(self._steps):
+            try:
+                fn(*args)
+            except Exception as e:
+                log.error("rollback: %s failed: %s", what, e)
+                failed.append(f"{what}: {e}")
+        self._steps.clear()
+        if failed and isinstance(exc, CniError):
+            note = "rollback incomplete: " + "; ".join(failed)
+            exc.details = f"{exc.details}; {note}" if exc.details else note
+        return False

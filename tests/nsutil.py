@@ -1,0 +1,136 @@
+"""Network namespaces and links for tests: every name carries a per-run prefix, and exactly what a
+test created is deleted at teardown, even when the test fails.
+
+Names: RUN is 'pt' + 4 hex digits (per test process); each Topology adds a 2-digit counter, so link
+names such as 'pt1a2b07up' stay within the 15-byte limit."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cni import jsonio
+
+RUN = os.environ.get("PYCNI_TEST_RUN") or "pt" + secrets.token_hex(2)
+REPO = Path(__file__).resolve().parent.parent
+_counter = itertools.count(1)
+
+
+def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def plugin_command(plugin: str) -> list[str]:
+    """How to run a plugin: PYCNI_PLUGIN_DIR (a frozen cni-bin dir) or from source."""
+    bindir = os.environ.get("PYCNI_PLUGIN_DIR")
+    if bindir:
+        return [os.path.join(bindir, plugin)]
+    return [sys.executable, "-m", "cni", plugin]
+
+
+@dataclass
+class Call:
+    rc: int
+    out: Any
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+@dataclass
+class Topology:
+    """A 'host' namespace holding an uplink veth pair, plus any number of 'pod' namespaces."""
+
+    tag: str = field(default_factory=lambda: f"{RUN}{next(_counter):02d}")
+    namespaces: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.host = self.netns("h")
+        self.uplink = f"{self.tag}up"
+        self.peer = f"{self.tag}pe"
+        sh("ip", "-n", self.host, "link", "add", self.uplink, "type", "veth", "peer", "name", self.peer)
+        for dev in (self.uplink, self.peer, "lo"):
+            sh("ip", "-n", self.host, "link", "set", dev, "up")
+
+    def netns(self, role: str) -> str:
+        name = f"{self.tag}{role}"
+        sh("ip", "netns", "add", name)
+        self.namespaces.append(name)
+        return name
+
+    def pod(self, role: str = "p") -> str:
+        """A new pod namespace; returns its path (what CNI_NETNS carries)."""
+        name = self.netns(role)
+        sh("ip", "-n", name, "link", "set", "lo", "up")
+        return f"/run/netns/{name}"
+
+    def add_uplink(self, suffix: str, mtu: int = 1500) -> str:
+        """Another veth pair in the host namespace; returns the name of its end used as master."""
+        name, peer = f"{self.tag}{suffix}", f"{self.tag}{suffix}x"
+        sh("ip", "-n", self.host, "link", "add", name, "mtu", str(mtu), "type", "veth", "peer", "name", peer)
+        for dev in (name, peer):
+            sh("ip", "-n", self.host, "link", "set", dev, "up")
+        return name
+
+    def run(self, plugin: str, command: str, conf: Mapping[str, Any] | bytes, *, netns: str = "",
+            ifname: str = "net1", container_id: str = "c1", cni_args: str = "",
+            env: Mapping[str, str] | None = None, path: str = "/usr/lib/cni") -> Call:
+        """Run `plugin` inside the host namespace, as a runtime would."""
+        full = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
+        full.update(CNI_COMMAND=command, CNI_CONTAINERID=container_id, CNI_NETNS=netns,
+                    CNI_IFNAME=ifname, CNI_PATH=path, CNI_ARGS=cni_args, PYTHONPATH=str(REPO))
+        full.update(env or {})
+        data = conf if isinstance(conf, bytes) else jsonio.dumps(dict(conf))
+        cmd = ["ip", "netns", "exec", self.host, *plugin_command(plugin)]
+        proc = subprocess.run(cmd, input=data, env=full, capture_output=True, check=False, cwd=REPO)
+        out = jsonio.loads(proc.stdout) if proc.stdout.strip() else None
+        return Call(proc.returncode, out, proc.stderr.decode(errors="replace"))
+
+    def ip(self, ns: str, *args: str) -> str:
+        """`ip` inside a namespace given by name or /run/netns path."""
+        return sh("ip", "-n", os.path.basename(ns), *args).stdout
+
+    def links(self, ns: str) -> list[dict[str, Any]]:
+        return list(jsonio.loads(sh("ip", "-j", "-d", "-n", os.path.basename(ns), "link", "show").stdout))
+
+    def link(self, ns: str, name: str) -> dict[str, Any] | None:
+        return next((link for link in self.links(ns) if link["ifname"] == name), None)
+
+    def addrs(self, ns: str, name: str) -> list[str]:
+        out = sh("ip", "-j", "-n", os.path.basename(ns), "addr", "show", "dev", name, check=False).stdout
+        if not out.strip():
+            return []
+        return [f"{a['local']}/{a['prefixlen']}" for dev in jsonio.loads(out)
+                for a in dev.get("addr_info", []) if a.get("scope") != "link"]
+
+    def close(self) -> None:
+        for name in reversed(self.namespaces):
+            sh("ip", "netns", "del", name, check=False)
+        self.namespaces.clear()
+
+
+def leftovers() -> list[str]:
+    """Namespaces and root-namespace links of this run still present."""
+    ns = [line.split()[0] for line in sh("ip", "netns", "list").stdout.splitlines() if line.startswith(RUN)]
+    links = [line.split(":")[1].strip().split("@")[0] for line in sh("ip", "-o", "link").stdout.splitlines()
+             if line.split(":")[1].strip().startswith(RUN)]
+    return ns + links
+
+
+def cleanup_run() -> None:
+    for name in leftovers():
+        sh("ip", "netns", "del", name, check=False)
+        sh("ip", "link", "del", name, check=False)
