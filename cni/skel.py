@@ -11,6 +11,7 @@ from typing import IO, Any
 from cni import log, spec
 from cni.errors import CniError, Code, ConfigError, DecodeError, EnvError
 from cni.types import fields as f
+from cni.types.args import CniArgs
 from cni.types.args import parse as parse_args
 from cni.types.netconf import Request
 
@@ -26,30 +27,37 @@ IFNAMSIZ = 16
 
 
 def ifname_problem(name: str) -> str | None:
-    size = len(name.encode())
+    size = len(os.fsencode(name))  # bytes as the kernel counts them, undecodable ones included
     if size == 0:
         return "is empty"
     if size >= IFNAMSIZ:
         return f"is {size} bytes long (at most {IFNAMSIZ - 1})"
     if name in (".", ".."):
         return "may not be . or .."
+    if any("\udc80" <= ch <= "\udcff" for ch in name):  # undecodable bytes (surrogateescape)
+        return "is not valid UTF-8 (a result could not name it)"
     for ch in name:
         if ch in "/:" or ch.isspace():
             return f"contains {ch!r}"
     return None
 
 
-def check_env(command: str, env: Mapping[str, str]) -> None:
-    """Raise code 4 naming every missing or invalid variable at once."""
+def check_env(command: str, env: Mapping[str, str]) -> CniArgs:
+    """The parsed CNI_ARGS; raise code 4 naming every missing or invalid variable at once."""
     missing = [k for k in NEEDS[command] if not env.get(k)]
     invalid = []
     cid = env.get("CNI_CONTAINERID", "")
-    if cid and not f.NAME_RE.match(cid):
+    if cid and not f.NAME_RE.fullmatch(cid):
         invalid.append(f'CNI_CONTAINERID "{cid}" (must match {f.NAME_RE.pattern})')
     ifname = env.get("CNI_IFNAME")
     problem = ifname_problem(ifname) if ifname else None
     if problem:
         invalid.append(f'CNI_IFNAME "{ifname}" {problem}')
+    args = CniArgs()
+    try:
+        args = parse_args(env.get("CNI_ARGS", ""))
+    except EnvError as e:
+        invalid.append(e.msg)
     parts = []
     if missing:
         parts.append("missing " + ", ".join(missing))
@@ -57,6 +65,7 @@ def check_env(command: str, env: Mapping[str, str]) -> None:
         parts.append("invalid " + "; ".join(invalid))
     if parts:
         raise EnvError("; ".join(parts))
+    return args
 
 
 def check_not_own_netns(netns: str, env: Mapping[str, str]) -> None:
@@ -72,8 +81,7 @@ def check_not_own_netns(netns: str, env: Mapping[str, str]) -> None:
 
 
 def parse_request(command: str, env: Mapping[str, str], stdin: bytes) -> Request:
-    check_env(command, env)
-    args = parse_args(env.get("CNI_ARGS", ""))
+    args = check_env(command, env)
     conf = _decode(stdin)
     version = conf.get("cniVersion")
     if version is None or version == "":
@@ -86,7 +94,8 @@ def parse_request(command: str, env: Mapping[str, str], stdin: bytes) -> Request
         netns = env.get("CNI_NETNS", "")
         check_not_own_netns(netns, env)
     except CniError as e:
-        e.version = version  # type: ignore[attr-defined]
+        # the error object speaks the config's version, unless that is one we do not speak
+        e.version = version if version in spec.SUPPORTED else spec.LATEST  # type: ignore[attr-defined]
         raise
     return Request(
         command=command,
@@ -119,13 +128,16 @@ def version_text() -> bytes:
     return jsonio.dumps({"cniVersion": spec.LATEST, "supportedVersions": list(spec.SUPPORTED)}) + b"\n"
 
 
+def _printable(text: str) -> str:
+    """Text safe for JSON: bytes that were not UTF-8 (in env vars or paths) become U+FFFD."""
+    return text.encode(errors="surrogateescape").decode(errors="replace")
+
+
 def error_text(err: CniError, version: str) -> bytes:
     from cni import jsonio
 
-    return (
-        jsonio.dumps({"cniVersion": version, "code": int(err.code), "msg": err.msg, "details": err.details})
-        + b"\n"
-    )
+    obj = {"cniVersion": version, "code": int(err.code), "msg": _printable(err.msg)}
+    return jsonio.dumps({**obj, "details": _printable(err.details)}) + b"\n"
 
 
 def dispatch(module: Any, req: Request) -> bytes:
@@ -173,7 +185,11 @@ def run(plugin: str, env: Mapping[str, str], stdin: IO[bytes], stdout: IO[bytes]
             raise EnvError(
                 f'CNI_COMMAND: unknown command "{command}" (expected one of {", ".join(spec.COMMANDS)})'
             )
-        data = stdin.read()
+        try:
+            data = stdin.read()
+        except OSError as e:
+            msg = f"stdin: cannot read the network configuration: {e.strerror}"
+            raise CniError(msg, code=Code.IO_FAILURE) from None
         req = parse_request(command, env, data)
         version = req.version
         module = _load(plugin)

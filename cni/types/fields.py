@@ -70,7 +70,7 @@ def choice(d: dict[str, Any], key: str, path: str, choices: tuple[str, ...], def
 def mac(value: Any, path: str) -> str:
     """A unicast MAC in lower-case colon form."""
     typed(value, str, path)
-    if not _MAC.match(value):
+    if not _MAC.fullmatch(value):
         raise ConfigError(f"{path}: not a MAC address: {show(value)}")
     text = str(value).lower().replace("-", ":")
     if int(text[:2], 16) & 1:
@@ -104,6 +104,6 @@ def network(value: Any, path: str) -> IPNetwork:
 
 def name(value: Any, path: str) -> str:
     typed(value, str, path)
-    if not NAME_RE.match(value):
+    if not NAME_RE.fullmatch(value):
         raise ConfigError(f"{path}: invalid characters in {show(value)} (allowed: {NAME_RE.pattern})")
     return str(value)

@@ -116,11 +116,10 @@ def _parse_v02(d: dict[str, Any], path: str) -> Result:
             continue
         bpath = f.join(path, key)
         f.typed(block, dict, bpath)
-        ips.append(
-            IPConfig(
-                f.cidr(f.req(block, "ip", str, bpath), f.join(bpath, "ip")), _gateway(block, "gateway", bpath)
-            )
-        )
+        address = f.cidr(f.req(block, "ip", str, bpath), f.join(bpath, "ip"))
+        if address.version != int(key[-1]):
+            raise ConfigError(f"{f.join(bpath, 'ip')}: {f.show(block['ip'])} is not an IPv{key[-1]} address")
+        ips.append(IPConfig(address, _gateway(block, "gateway", bpath)))
         routes.extend(_routes(block.get("routes"), f.join(bpath, "routes")))
     return Result(ips=tuple(ips), routes=tuple(routes), dns=parse_dns(d.get("dns"), f.join(path, "dns")))
 
@@ -140,9 +139,15 @@ def _parse_interface(d: Any, path: str) -> Interface:
 def _parse_ip(d: Any, path: str, n_ifaces: int) -> IPConfig:
     f.typed(d, dict, path)
     address = f.cidr(f.req(d, "address", str, path), f.join(path, "address"))
+    family = f.opt(d, "version", str, path)  # 0.3.x/0.4.0 only; when present it must fit the address
+    if family is not None and family != str(address.version):
+        raise ConfigError(
+            f'{f.join(path, "version")}: "{family}" does not match address {address} (IPv{address.version})'
+        )
     iface = f.opt(d, "interface", int, path)
-    if iface is not None and not 0 <= iface < max(n_ifaces, 1) and n_ifaces:
-        raise ConfigError(f"{f.join(path, 'interface')}: index {iface} out of range")
+    # an IPAM result has no interfaces, so any index >= 0 is accepted there
+    if iface is not None and (iface < 0 or (n_ifaces and iface >= n_ifaces)):
+        raise ConfigError(f"{f.join(path, 'interface')}: index {iface} out of range (interfaces: {n_ifaces})")
     return IPConfig(address, _gateway(d, "gateway", path), iface)
 
 

@@ -1,0 +1,83 @@
+"""Unit-test helpers: run skel in-process against a fake plugin, build CNI environments."""
+
+from __future__ import annotations
+
+import io
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cni import jsonio, skel
+from cni.types.netconf import Request
+from cni.types.result import Result
+
+FAKE = "fakeplug"
+
+
+def env_for(command: str, **extra: str) -> dict[str, str]:
+    """A complete, valid environment for `command` (what a runtime sends)."""
+    env = {"CNI_COMMAND": command, "CNI_PATH": "/nonexistent-cni-bin"}
+    if command in ("ADD", "CHECK", "DEL"):
+        env |= {"CNI_CONTAINERID": "c0ffee", "CNI_IFNAME": "net1"}
+    if command in ("ADD", "CHECK"):
+        env["CNI_NETNS"] = "/run/netns/pycni-unit-absent"
+    env.update(extra)
+    return env
+
+
+def conf(version: str | None = "1.1.0", **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": "unitnet", "type": FAKE}
+    if version is not None:
+        out["cniVersion"] = version
+    out.update(extra)
+    return out
+
+
+@dataclass
+class Outcome:
+    rc: int
+    stdout: bytes
+
+    @property
+    def obj(self) -> Any:
+        return jsonio.loads(self.stdout)
+
+
+@dataclass
+class FakePlugin:
+    """A plugin module whose functions record the requests they get."""
+
+    result: Result = field(default_factory=Result)
+    calls: list[Request] = field(default_factory=list)
+    raise_on: dict[str, BaseException] = field(default_factory=dict)
+
+    def module(self) -> types.ModuleType:
+        mod = types.ModuleType(f"tests.unit.{FAKE}")
+        for command, name in skel.FUNCTIONS.items():
+            setattr(mod, name, self._fn(command))
+        return mod
+
+    def _fn(self, command: str) -> Callable[[Request], Any]:
+        def fn(req: Request) -> Any:
+            self.calls.append(req)
+            if command in self.raise_on:
+                raise self.raise_on[command]
+            return self.result if command == "ADD" else None
+
+        return fn
+
+    @property
+    def commands(self) -> list[str]:
+        return [r.command for r in self.calls]
+
+
+def run(env: dict[str, str], stdin: bytes | dict[str, Any] | str = b"") -> Outcome:
+    """skel.run in-process with the fake plugin."""
+    if isinstance(stdin, dict):
+        stdin = jsonio.dumps(stdin)
+    elif isinstance(stdin, str):
+        stdin = stdin.encode()
+    out = io.BytesIO()
+    rc = skel.run(FAKE, env, io.BytesIO(stdin), out)
+    return Outcome(rc, out.getvalue())
