@@ -71,7 +71,7 @@ def _delegate_error(binary: str, stdout: bytes, stderr: bytes) -> CniError:
         code, msg = int(obj["code"]), str(obj.get("msg", ""))
         return CniError(f"{name}: {msg}", str(obj.get("details", "")), code=code)
     except (CniError, KeyError, TypeError, ValueError):
-        text = (stdout or stderr).decode(errors="replace").strip()[:500]
+        text = (stdout.strip() or stderr).decode(errors="replace").strip()[:500]
         return CniError(f"{name} failed: {text or 'no output'}")
 
 

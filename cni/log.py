@@ -19,6 +19,7 @@ class _State:
     level = LEVELS["warning"]
     fds: tuple[int, ...] = (2,)
     tag = "pycni"
+    file: tuple[str, int] | None = None  # the log file's path and fd (one at a time)
 
 
 def configure(level: str | None = None, file: str | None = None, tag: str | None = None) -> None:
@@ -30,19 +31,31 @@ def configure(level: str | None = None, file: str | None = None, tag: str | None
             _State.level = LEVELS[level.lower()]
         else:
             warning("unknown log level %r ignored (known: %s)", level, ", ".join(LEVELS))
-    if file:
-        try:
-            fd = os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        except OSError as e:
-            warning("cannot open log file %s: %s", file, e.strerror)
-            return
-        _State.fds = (*_State.fds, fd) if 2 in _State.fds else (fd,)
+    if file and (_State.file is None or _State.file[0] != file):
+        _open_file(file)
+
+
+def _open_file(path: str) -> None:
+    """Log to `path` (appended, created 0600, never through a symlink) besides stderr."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        warning("cannot open log file %s: %s", path, e.strerror)
+        return
+    old = _State.file[1] if _State.file else None
+    _State.fds = (*(x for x in _State.fds if x != old), fd)
+    _State.file = (path, fd)
+    if old is not None:
+        os.close(old)
 
 
 def _emit(level: int, name: str, msg: str, args: tuple[Any, ...]) -> None:
     if level < _State.level:
         return
-    text = msg % args if args else msg
+    try:
+        text = msg % args if args else msg
+    except (TypeError, ValueError):  # a logging mistake must not turn into a failed CNI call
+        text = f"{msg} {args!r}"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     line = f"{stamp}Z {_State.tag}[{os.getpid()}] {name}: {text}\n".encode(errors="replace")
     for fd in _State.fds:

@@ -7,7 +7,6 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from cni.netlink.codec import ifaddrmsg
 from cni.netlink.socket import NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, Netlink
 
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
@@ -38,6 +37,8 @@ def _family(addr: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> int:
 def add(
     nl: Netlink, index: int, addr: ipaddress.IPv4Interface | ipaddress.IPv6Interface, flags: int = 0
 ) -> None:
+    from cni.netlink.codec import ifaddrmsg  # pyroute2: only when a message is built
+
     msg = ifaddrmsg()
     msg["family"] = _family(addr)
     msg["prefixlen"] = addr.network.prefixlen
@@ -52,6 +53,8 @@ def add(
 
 
 def dump(nl: Netlink, index: int = 0, family: int = socket.AF_UNSPEC) -> list[Addr]:
+    from cni.netlink.codec import ifaddrmsg  # pyroute2: only when a message is built
+
     msg = ifaddrmsg()
     msg["family"] = family
     out = []

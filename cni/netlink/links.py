@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni.netlink.codec import ifinfmsg
 from cni.netlink.socket import ENODEV, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, Netlink, NetlinkError
 
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_NEWLINKPROP = 16, 17, 18, 108
@@ -62,6 +61,8 @@ def _decode(msg: Any) -> Link:
 
 
 def _msg(index: int = 0, attrs: list[tuple[str, Any]] | None = None) -> Any:
+    from cni.netlink.codec import ifinfmsg  # pyroute2: only when a message is built
+
     msg = ifinfmsg()
     msg["family"] = 0
     msg["index"] = index

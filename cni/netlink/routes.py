@@ -7,7 +7,6 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from cni.netlink.codec import rtmsg
 from cni.netlink.socket import NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, Netlink
 
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
@@ -36,6 +35,8 @@ def add(
     mtu: int = 0,
     advmss: int = 0,
 ) -> None:
+    from cni.netlink.codec import rtmsg  # pyroute2: only when a message is built
+
     msg = rtmsg()
     msg["family"] = socket.AF_INET if dst.version == 4 else socket.AF_INET6
     msg["dst_len"] = dst.prefixlen
@@ -58,6 +59,8 @@ def add(
 
 
 def dump(nl: Netlink, family: int = socket.AF_UNSPEC) -> list[KRoute]:
+    from cni.netlink.codec import rtmsg  # pyroute2: only when a message is built
+
     msg = rtmsg()
     msg["family"] = family
     out = []

@@ -35,7 +35,7 @@ class MacvlanConf:
     @staticmethod
     def from_request(req: Request) -> MacvlanConf:
         c = req.conf
-        mac = f.mac(c["mac"], "mac") if c.get("mac") else None
+        mac = f.mac(c["mac"], "mac") if c.get("mac") not in (None, "") else None
         mtu = f.int_range(c, "mtu", "", 0, 65535, 0)
         if 0 < mtu < MIN_MTU:
             raise ConfigError(f"mtu: {mtu} is below the minimum of {MIN_MTU}")

@@ -75,6 +75,8 @@ def mac(value: Any, path: str) -> str:
     text = str(value).lower().replace("-", ":")
     if int(text[:2], 16) & 1:
         raise ConfigError(f"{path}: {text} is a multicast MAC address")
+    if text == "00:00:00:00:00:00":
+        raise ConfigError(f"{path}: {text} is all zeros, not a usable MAC address")
     return text
 
 

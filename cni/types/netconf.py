@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni.errors import ConfigError
+from cni.errors import ConfigError, EnvError
 from cni.types import fields as f
 from cni.types.args import CniArgs
 from cni.types.result import DNS, Result, parse, parse_dns
@@ -93,7 +93,10 @@ def requested_mac(req: Request, configured: str | None) -> str | None:
     """MAC precedence: config < CNI_ARGS MAC < args.cni.mac < runtimeConfig.mac."""
     mac = configured
     if req.args.get("MAC"):
-        mac = f.mac(req.args.get("MAC"), "CNI_ARGS MAC")
+        try:
+            mac = f.mac(req.args.get("MAC"), "CNI_ARGS MAC")
+        except ConfigError as e:
+            raise EnvError(e.msg) from None  # an environment variable: code 4
     cni_mac = req.cni_args().get("mac")
     if cni_mac:
         mac = f.mac(cni_mac, "args.cni.mac")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 
@@ -14,9 +15,12 @@ from tests.unit.helpers import FAKE, FakePlugin
 
 @pytest.fixture(autouse=True)
 def _reset_log() -> Iterator[None]:
-    saved = (log._State.level, log._State.fds, log._State.tag)
+    saved = (log._State.level, log._State.fds, log._State.tag, log._State.file)
     yield
-    log._State.level, log._State.fds, log._State.tag = saved
+    opened = log._State.file
+    log._State.level, log._State.fds, log._State.tag, log._State.file = saved
+    if opened is not None and opened != saved[3]:
+        os.close(opened[1])
 
 
 @pytest.fixture
