@@ -159,6 +159,9 @@ def test_cni_args_edge_forms() -> None:
     assert parse_args("").pairs == ()
     assert parse_args("A=1;").pairs == (("A", "1"),)  # a trailing ';' as some runtimes send
     assert parse_args("A=").get("A") == ""
+    assert (
+        parse_args("FOO=bar;K8S_POD_NAME=p").pod_name == "p"
+    )  # unknown keys tolerated, even without IgnoreUnknown
     assert parse_args("K8S_POD_NAMESPACE=ns").pod_ref == ""  # no pod reference without a pod name
     assert parse_args("K8S_POD_NAME=p").pod_ref == "/p"  # whereabouts' "namespace/name" form
 

@@ -142,6 +142,15 @@ def test_empty_result_prints_only_the_version() -> None:
 
 
 IPAM_RESULTS = {
+    "0.1.0": {
+        "cniVersion": "0.1.0",
+        "ip4": {"ip": "198.51.100.7/24", "gateway": "198.51.100.1", "routes": [{"dst": "0.0.0.0/0"}]},
+    },
+    "0.3.0": {
+        "cniVersion": "0.3.0",
+        "ips": [{"version": "4", "address": "198.51.100.7/24", "gateway": "198.51.100.1"}],
+        "routes": [{"dst": "0.0.0.0/0"}],
+    },
     "0.2.0": {
         "cniVersion": "0.2.0",
         "ip4": {"ip": "198.51.100.7/24", "gateway": "198.51.100.1", "routes": [{"dst": "0.0.0.0/0"}]},

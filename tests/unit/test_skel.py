@@ -281,3 +281,25 @@ def test_process_usage_without_plugin() -> None:
     assert p.returncode == 2
     assert p.stdout == b""
     assert b"macvlan" in p.stderr
+
+
+def test_process_logs_go_to_stderr_and_log_file_only(tmp_path: Any) -> None:
+    logfile = tmp_path / "macvlan.log"
+    conf = {
+        "cniVersion": "1.0.0",
+        "name": "n",
+        "type": "macvlan",
+        "mode": "bogus",
+        "logLevel": "debug",
+        "logFile": str(logfile),
+    }
+    from cni import jsonio
+
+    p = cni_proc(env_for("ADD"), jsonio.dumps(conf))
+    assert p.returncode == 1
+    assert p.stdout.count(b"\n") == 1
+    err = jsonio.loads(p.stdout)
+    assert err["code"] == 7 and err["msg"].startswith("mode:")
+    assert b"mode: unknown value" in p.stderr  # skel's debug line about the failure
+    assert "mode: unknown value" in logfile.read_text()
+    assert oct(logfile.stat().st_mode & 0o777) == "0o600"
