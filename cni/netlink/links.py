@@ -6,7 +6,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cni.netlink.codec import ifinfmsg
-from cni.netlink.socket import ENODEV, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, Netlink, NetlinkError
+from cni.netlink.socket import (
+    ENODEV,
+    NLM_F_APPEND,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_EXCL,
+    Netlink,
+    NetlinkError,
+)
 
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_NEWLINKPROP = 16, 17, 18, 108
 IFF_UP = 0x1
@@ -30,6 +38,7 @@ class Link:
     bcqueuelen: int = 0
     altnames: tuple[str, ...] = field(default=())
     perm_mac: str = ""
+    parent_dev: str = ""  # IFLA_PARENT_DEV_NAME: the bus device ("0000:af:06.0"), any namespace
 
 
 def _decode(msg: Any) -> Link:
@@ -58,6 +67,7 @@ def _decode(msg: Any) -> Link:
         bcqueuelen=bcq,
         altnames=altnames,
         perm_mac=msg.get_attr("IFLA_PERM_ADDRESS") or "",
+        parent_dev=msg.get_attr("IFLA_PARENT_DEV_NAME") or "",
     )
 
 
@@ -155,6 +165,11 @@ def set_netns(nl: Netlink, index: int, netns_fd: int) -> None:
 def delete_altname(nl: Netlink, index: int, altname: str) -> None:
     msg = _msg(index, [("IFLA_PROP_LIST", {"attrs": [("IFLA_ALT_IFNAME", altname)]})])
     nl.request(msg, 110, 0, f"delete altname {altname}")  # RTM_DELLINKPROP
+
+
+def add_altname(nl: Netlink, index: int, altname: str) -> None:
+    msg = _msg(index, [("IFLA_PROP_LIST", {"attrs": [("IFLA_ALT_IFNAME", altname)]})])
+    nl.request(msg, RTM_NEWLINKPROP, NLM_F_EXCL | NLM_F_CREATE | NLM_F_APPEND, f"add altname {altname}")
 
 
 def delete(nl: Netlink, index: int) -> bool:

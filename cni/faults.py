@@ -1,0 +1,17 @@
+"""Fault injection for tests: with PYCNI_TEST_FAULTS=step[,step...] in the environment, `point(step)`
+raises at that step, so a test can fail an ADD at every step and check the rollback. Unset (always,
+outside tests) it does nothing. The steps are listed in docs/devices.md."""
+
+from __future__ import annotations
+
+import os
+
+from cni.errors import CniError
+
+ENV = "PYCNI_TEST_FAULTS"
+
+
+def point(step: str) -> None:
+    wanted = os.environ.get(ENV)
+    if wanted and step in wanted.split(","):
+        raise CniError(f"injected fault at step {step} ({ENV})")
