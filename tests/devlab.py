@@ -78,6 +78,10 @@ class Lab:
     def static(self, *addresses: str) -> dict[str, Any]:
         return {"type": "static", "addresses": [{"address": a} for a in addresses or ("198.51.100.7/24",)]}
 
+    def ipam_for(self, version: str, address: str) -> dict[str, Any]:
+        """Debian's static IPAM (1.1.1) speaks up to 1.0.0; fakeipam stands in for 1.1.0."""
+        return self.fake_ipam(address) if version == "1.1.0" else self.static(address)
+
     def fake_ipam(self, *addresses: str, **extra: Any) -> dict[str, Any]:
         return {"type": "fakeipam", "state": str(self.ipam_state),
                 "addresses": list(addresses or ("198.51.100.8/24",)), **extra}

@@ -69,8 +69,8 @@ class Tree:
     def netdev(self, device_dir: Path, name: str) -> None:
         net = device_dir / "net" / name
         net.mkdir(parents=True)
-        rel = os.path.relpath(device_dir, net)
-        _link(net / "device", rel)
+        # as the kernel writes it: ../../../<device> (up to the bus, down to the device by name)
+        _link(net / "device", os.path.join(os.path.relpath(device_dir.parent, net), device_dir.name))
         _link(self.root / "class" / "net" / name, os.path.relpath(net, self.root / "class" / "net"))
 
     def pf(self, pf: PF) -> None:

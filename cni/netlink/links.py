@@ -16,7 +16,7 @@ from cni.netlink.socket import (
     NetlinkError,
 )
 
-RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_NEWLINKPROP = 16, 17, 18, 108
+RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_NEWLINKPROP, RTM_DELLINKPROP = 16, 17, 18, 108, 109
 IFF_UP = 0x1
 MACVLAN_MODES = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8, "source": 16}
 MACVLAN_MODE_NAMES = {v: k for k, v in MACVLAN_MODES.items()}
@@ -164,7 +164,7 @@ def set_netns(nl: Netlink, index: int, netns_fd: int) -> None:
 
 def delete_altname(nl: Netlink, index: int, altname: str) -> None:
     msg = _msg(index, [("IFLA_PROP_LIST", {"attrs": [("IFLA_ALT_IFNAME", altname)]})])
-    nl.request(msg, 110, 0, f"delete altname {altname}")  # RTM_DELLINKPROP
+    nl.request(msg, RTM_DELLINKPROP, 0, f"delete altname {altname}")
 
 
 def add_altname(nl: Netlink, index: int, altname: str) -> None:

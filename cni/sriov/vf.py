@@ -105,6 +105,8 @@ def control(env: Mapping[str, str]) -> VfControl:
 
 def attribute(vf: int, setting: Setting) -> tuple[str, dict[str, Any]]:
     """The IFLA_VF_* attribute (pyroute2 form) that carries `setting` for VF `vf`."""
+    if setting.kind not in KIND_FIELDS:
+        raise ValueError(f"unknown VF setting {setting.kind!r}")
     v = setting.fields()
     if setting.kind == "vlan":
         info = {"vf": vf, "vlan": v["vlan"], "qos": v["qos"], "proto": PROTOS[str(v["proto"])]}
@@ -113,9 +115,7 @@ def attribute(vf: int, setting: Setting) -> tuple[str, dict[str, Any]]:
         return "IFLA_VF_MAC", {"vf": vf, "mac": v["mac"]}
     if setting.kind == "rate":
         return "IFLA_VF_RATE", {"vf": vf, "min_tx_rate": v["min_tx_rate"], "max_tx_rate": v["max_tx_rate"]}
-    if setting.kind in ("spoofchk", "trust", "link_state"):
-        return f"IFLA_VF_{setting.kind.upper()}", {"vf": vf, setting.kind: v[setting.kind]}
-    raise ValueError(f"unknown VF setting {setting.kind!r}")
+    return f"IFLA_VF_{setting.kind.upper()}", {"vf": vf, setting.kind: v[setting.kind]}
 
 
 def message(pf_index: int, vf: int, setting: Setting) -> Any:
