@@ -17,7 +17,14 @@ from cni import delegate, faults, ifconfig, log, netns
 from cni.device import move
 from cni.device.records import Attachment, Netdev, Records, netns_id, owner_alive, same_attachment
 from cni.device.store import DEFAULT_DIR
-from cni.errors import CheckError, CniError, DeviceBusyError, InterfaceExistsError, NetnsError
+from cni.errors import (
+    CheckError,
+    CniError,
+    ConfigError,
+    DeviceBusyError,
+    InterfaceExistsError,
+    NetnsError,
+)
 from cni.netlink import links
 from cni.netlink.socket import opened
 from cni.plugins import common
@@ -40,7 +47,7 @@ class DeviceConf:
     def from_request(req: Request) -> DeviceConf:
         state_dir = f.opt(req.conf, "stateDir", str, "", DEFAULT_DIR)
         if not os.path.isabs(state_dir):
-            raise CniError(f'stateDir: "{state_dir}" is not an absolute path', code=7)
+            raise ConfigError(f'stateDir: "{state_dir}" is not an absolute path')
         return DeviceConf(state_dir, f.choice(req.conf, "dad", "", ifconfig.DAD_MODES, "on"), req.dns(),
                           req.ipam())
 
@@ -111,8 +118,8 @@ def _snapshot(req: Request, plugin: str, target: Target, hooks: Hooks | None) ->
         with opened(None) as host:
             link = links.get(host, target.netdev)
         if link is None:
-            raise CniError(f"{target.what}: interface {target.netdev} not found in the host namespace",
-                           code=7)
+            raise ConfigError(f"{target.what}: interface {target.netdev} not found in the host network "
+                              "namespace")
         netdev = Netdev.of(link)
     att = Attachment(plugin=plugin, network=req.name, container_id=req.container_id, ifname=req.ifname,
                      netns=req.netns, key=target.key, pci=target.pci, driver=target.driver,

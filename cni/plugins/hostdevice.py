@@ -34,13 +34,15 @@ def selector(req: Request) -> tuple[str, str]:
 
 
 def _by_name(field: str, value: str, name: str, fs: sysfs.Sysfs) -> attach.Target:
+    """The netdev `name`. It need not be in the host namespace yet: when another attachment holds
+    it, ADD reports who does (the device key comes from sysfs); otherwise ADD says it is missing."""
     with opened(None) as host:
         link = links.get(host, name)
-    if link is None:
-        raise ConfigError(f'{field}: "{value}": interface {name} not found in the host network namespace')
-    pci = fs.pci_of_netdev(link.name) or (link.parent_dev if sysfs.PCI_RE.match(link.parent_dev) else "")
-    key = f"pci-{pci}" if pci else f"net-{link.name}"
-    return attach.Target(key, f"device {link.name}", pci, link.name, (fs.driver(pci) or "") if pci else "")
+    parent = link.parent_dev if link is not None else ""
+    pci = fs.pci_of_netdev(name) or (parent if sysfs.PCI_RE.match(parent) else "")
+    netdev = link.name if link is not None else name
+    key = f"pci-{pci}" if pci else f"net-{netdev}"
+    return attach.Target(key, f'{field} "{value}"', pci, netdev, (fs.driver(pci) or "") if pci else "")
 
 
 def _by_mac(value: str, fs: sysfs.Sysfs) -> attach.Target:
@@ -58,7 +60,7 @@ def _by_dir(field: str, value: str, directory: str, pci: str, fs: sysfs.Sysfs) -
     with contextlib.suppress(OSError):
         driver = os.path.basename(os.readlink(os.path.join(directory, "driver")))
     if driver in sysfs.USERSPACE_DRIVERS:
-        return attach.Target(f"pci-{pci or value}", f"PCI device {pci or value}", pci, "", driver)
+        return attach.Target(f"pci-{pci or value}", f'{field} "{value}"', pci, "", driver)
     names = fs.netdevs_in(directory)
     if not names:
         raise ConfigError(f'{field}: "{value}": no network interface under {directory}/net and driver '
