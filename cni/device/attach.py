@@ -1,87 +1,24 @@
-"""The ADD/DEL/CHECK/STATUS/GC flow shared by host-device and sriov: lock the device, check who owns
-it, snapshot it durably before any change, move it in (or not, for userspace-driver devices), run the
-IPAM, and undo every step when one fails; DEL finds everything by the record and is idempotent.
-
-The plugins contribute the device (`Target`) and, for SR-IOV, `Hooks` that snapshot, apply, restore
-and check the PF-side VF settings."""
+"""ADD, CHECK and STATUS shared by host-device and sriov: lock the device, check who owns it, snapshot
+it durably before any change, move it in (or not, for userspace-driver devices), run the IPAM, and
+undo every step when one fails. The plugins contribute the device (`Target`) and, for SR-IOV, `Hooks`
+for the PF-side VF settings. DEL and GC are in cni.device.release."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import replace
 
 from cni import delegate, faults, ifconfig, log, netns
 from cni.device import move
+from cni.device.conf import DeviceConf, Hooks, Target, hooks_for
 from cni.device.records import Attachment, Netdev, Records, netns_id, owner_alive, same_attachment
-from cni.device.store import DEFAULT_DIR
-from cni.errors import (
-    CheckError,
-    CniError,
-    ConfigError,
-    DeviceBusyError,
-    InterfaceExistsError,
-    NetnsError,
-)
+from cni.device.release import detach
+from cni.errors import CheckError, CniError, ConfigError, DeviceBusyError, InterfaceExistsError
 from cni.netlink import links
 from cni.netlink.socket import opened
 from cni.plugins import common
-from cni.types import fields as f
 from cni.types.netconf import Request, require_prev_result
-from cni.types.result import DNS, Interface, Result
+from cni.types.result import Interface, Result
 from cni.undo import Undo
-
-
-@dataclass(frozen=True)
-class DeviceConf:
-    """Settings both device plugins share."""
-
-    state_dir: str = DEFAULT_DIR
-    dad: str = "on"
-    dns: DNS = field(default_factory=DNS)
-    ipam: dict[str, Any] | None = None
-
-    @staticmethod
-    def from_request(req: Request) -> DeviceConf:
-        state_dir = f.opt(req.conf, "stateDir", str, "", DEFAULT_DIR)
-        if not os.path.isabs(state_dir):
-            raise ConfigError(f'stateDir: "{state_dir}" is not an absolute path')
-        return DeviceConf(state_dir, f.choice(req.conf, "dad", "", ifconfig.DAD_MODES, "on"), req.dns(),
-                          req.ipam())
-
-
-@dataclass(frozen=True)
-class Target:
-    """The device an ADD asked for. `netdev` empty: a userspace-driver device (nothing is moved)."""
-
-    key: str
-    what: str  # how messages name it: 'VF 0000:af:06.0', 'device eth3'
-    pci: str = ""
-    netdev: str = ""
-    driver: str = ""
-
-
-class Hooks(Protocol):
-    def snapshot(self, att: Attachment) -> Attachment: ...
-
-    def apply(self, att: Attachment, undo: Undo) -> None: ...
-
-    def restore(self, att: Attachment) -> None: ...
-
-    def check(self, att: Attachment) -> None: ...
-
-
-def hooks_for(plugin: str, env: Any) -> Hooks | None:
-    """Restore-only hooks for a record (of either plugin), e.g. when recovering a stale one."""
-    if plugin == "sriov":
-        from cni.sriov.settings import VfHooks
-        from cni.sriov.vf import control
-
-        return VfHooks(control(env))
-    return None
-
 
 # ---- ADD ------------------------------------------------------------------------------------------
 
@@ -99,7 +36,7 @@ def add(req: Request, plugin: str, conf: DeviceConf, target: Target, hooks: Hook
             recs.claim(att)
             recs.save(att)
             with netns.temporary() as temp_fd, Undo() as undo:
-                undo.push("forget the attachment", recs.forget, att)
+                undo.push("forget the attachment", _forget_unless_stranded, recs, att, undo)
                 if not att.userspace:
                     undo.push(f"bring {target.what} home", move.bring_home, att, pod_fd, temp_fd)
                 faults.point("snapshot")
@@ -110,6 +47,15 @@ def add(req: Request, plugin: str, conf: DeviceConf, target: Target, hooks: Hook
     log.info("ADD %s/%s: %s attached, %d address(es)", req.container_id, req.ifname, target.what,
              len(result.ips))
     return result
+
+
+def _forget_unless_stranded(recs: Records, att: Attachment, undo: Undo) -> None:
+    """The last rollback step: drop the records, unless an earlier step failed to put something
+    back; then the records stay, so the DEL that follows a failed ADD can finish the job."""
+    if undo.failed:
+        log.error("%s/%s: rollback incomplete; the record stays for DEL", att.container_id, att.ifname)
+        return
+    recs.forget(att)
 
 
 def _snapshot(req: Request, plugin: str, target: Target, hooks: Hooks | None) -> Attachment:
@@ -180,105 +126,6 @@ def _attach(req: Request, conf: DeviceConf, recs: Records, att: Attachment, pod_
     recs.save(replace(att, state="attached"))
     faults.point("record")
     return result
-
-
-# ---- DEL and GC ---------------------------------------------------------------------------------
-
-
-def delete(req: Request, plugin: str, conf: DeviceConf) -> None:
-    """Bring the device home as it was and release the IPAM. Idempotent: a missing record, netns or
-    device is success (logged)."""
-    recs = Records(conf.state_dir)
-    att = recs.load(req.container_id, req.ifname)
-    if att is None:
-        log.info("DEL %s/%s: no record of this attachment (already deleted, or ADD never began); "
-                 "releasing the IPAM only", req.container_id, req.ifname)
-    else:
-        with recs.lock(att.key, att.key):
-            att = recs.load(req.container_id, req.ifname)
-            if att is not None:
-                detach(recs, att, req.netns, hooks_for(att.plugin, req.env))
-    if conf.ipam is not None:
-        delegate.delete(req)
-    if att is not None:
-        recs.remove(att)
-
-
-def detach(recs: Records, att: Attachment, netns_path: str, hooks: Hooks | None) -> None:
-    """Restore the device and its VF settings unless the device now belongs to someone else;
-    then mark the record released (only the IPAM release is left)."""
-    if att.state == "released":
-        return
-    owner = recs.owner(att.key)
-    if owner is not None and not same_attachment(owner, att):
-        log.warning("%s/%s: device %s now belongs to %s/%s; left alone", att.container_id, att.ifname,
-                    att.key, owner.get("containerID"), owner.get("ifname"))
-    else:
-        if hooks is not None:
-            hooks.restore(att)
-        if att.netdev is not None:
-            _device_home(att, netns_path)
-        recs.unclaim(att)
-    recs.save(replace(att, state="released"))
-
-
-def _device_home(att: Attachment, netns_path: str) -> None:
-    dev = att.netdev
-    assert dev is not None
-    with _pod_ns(att, netns_path) as pod_fd:
-        name = move.bring_home(att, pod_fd, None)
-    if name is None:
-        log.warning("%s/%s: device %s found neither in the pod nor at home (destroyed with its "
-                    "namespace?); nothing to bring back", att.container_id, att.ifname, dev.name)
-    else:
-        log.info("%s/%s: device %s is home as %s", att.container_id, att.ifname, dev.name, name)
-
-
-@contextlib.contextmanager
-def _pod_ns(att: Attachment, netns_path: str) -> Iterator[int | None]:
-    """The pod namespace if it still exists: CNI_NETNS, else the recorded path if it is the same
-    namespace as at ADD (a path can be reused)."""
-    path = netns_path
-    if not path and att.netns and netns_id(att.netns) == att.netns_id:
-        path = att.netns
-    fd = None
-    if path:
-        try:
-            fd = netns.open_netns(path)
-        except NetnsError as e:
-            log.info("%s/%s: %s; looking for the device at home", att.container_id, att.ifname, e.msg)
-    try:
-        yield fd
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def gc(req: Request, plugin: str, conf: DeviceConf) -> None:
-    """Bring home the devices of this network's attachments the runtime no longer lists; then GC
-    the IPAM. Every failure is reported, none stops the rest."""
-    recs = Records(conf.state_dir)
-    valid = req.valid_attachments()
-    errors: list[str] = []
-    if valid is None:
-        log.warning("GC without cni.dev/valid-attachments: device records left alone")
-    for att in recs.all() if valid is not None else ():
-        if att.plugin != plugin or att.network != req.name or (att.container_id, att.ifname) in (valid or ()):
-            continue
-        try:
-            with recs.lock(att.key, att.key):
-                detach(recs, att, "", hooks_for(att.plugin, req.env))
-                recs.remove(att)
-            log.info("GC: %s/%s released %s", att.container_id, att.ifname, att.key)
-        except CniError as e:
-            errors.append(f"{att.container_id}/{att.ifname}: {e}")
-    if conf.ipam is not None:
-        try:
-            delegate.gc(req)
-        except CniError as e:
-            errors.append(f"ipam: {e}")
-    if errors:
-        raise CniError("GC incomplete: " + "; ".join(errors))
 
 
 # ---- CHECK and STATUS ---------------------------------------------------------------------------

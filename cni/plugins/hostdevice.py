@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 
-from cni.device import attach
+from cni.device import attach, release
+from cni.device.conf import DeviceConf, Target
 from cni.errors import ConfigError
 from cni.netlink import links
 from cni.netlink.socket import opened
@@ -33,7 +34,7 @@ def selector(req: Request) -> tuple[str, str]:
                       "(runtimeConfig.deviceID)")
 
 
-def _by_name(field: str, value: str, name: str, fs: sysfs.Sysfs) -> attach.Target:
+def _by_name(field: str, value: str, name: str, fs: sysfs.Sysfs) -> Target:
     """The netdev `name`. It need not be in the host namespace yet: when another attachment holds
     it, ADD reports who does (the device key comes from sysfs); otherwise ADD says it is missing."""
     with opened(None) as host:
@@ -42,10 +43,10 @@ def _by_name(field: str, value: str, name: str, fs: sysfs.Sysfs) -> attach.Targe
     pci = fs.pci_of_netdev(name) or (parent if sysfs.PCI_RE.match(parent) else "")
     netdev = link.name if link is not None else name
     key = f"pci-{pci}" if pci else f"net-{netdev}"
-    return attach.Target(key, f'{field} "{value}"', pci, netdev, (fs.driver(pci) or "") if pci else "")
+    return Target(key, f'{field} "{value}"', pci, netdev, (fs.driver(pci) or "") if pci else "")
 
 
-def _by_mac(value: str, fs: sysfs.Sysfs) -> attach.Target:
+def _by_mac(value: str, fs: sysfs.Sysfs) -> Target:
     mac = f.mac(value, "hwaddr")
     with opened(None) as host:
         found = [link for link in links.dump(host) if link.mac.lower() == mac]
@@ -54,13 +55,13 @@ def _by_mac(value: str, fs: sysfs.Sysfs) -> attach.Target:
     return _by_name("hwaddr", value, found[0].name, fs)
 
 
-def _by_dir(field: str, value: str, directory: str, pci: str, fs: sysfs.Sysfs) -> attach.Target:
+def _by_dir(field: str, value: str, directory: str, pci: str, fs: sysfs.Sysfs) -> Target:
     """A device directory (PCI, auxiliary or kernelpath): its first netdev, or DPDK mode."""
     driver = ""
     with contextlib.suppress(OSError):
         driver = os.path.basename(os.readlink(os.path.join(directory, "driver")))
     if driver in sysfs.USERSPACE_DRIVERS:
-        return attach.Target(f"pci-{pci or value}", f'{field} "{value}"', pci, "", driver)
+        return Target(f"pci-{pci or value}", f'{field} "{value}"', pci, "", driver)
     names = fs.netdevs_in(directory)
     if not names:
         raise ConfigError(f'{field}: "{value}": no network interface under {directory}/net and driver '
@@ -68,7 +69,7 @@ def _by_dir(field: str, value: str, directory: str, pci: str, fs: sysfs.Sysfs) -
     return _by_name(field, value, names[0], fs)
 
 
-def _by_id(field: str, value: str, fs: sysfs.Sysfs) -> attach.Target:
+def _by_id(field: str, value: str, fs: sysfs.Sysfs) -> Target:
     pci = sysfs.normalize_pci(value)
     if pci and fs.pci_exists(pci):
         return _by_dir(field, value, fs.pci(pci), pci, fs)
@@ -77,7 +78,7 @@ def _by_id(field: str, value: str, fs: sysfs.Sysfs) -> attach.Target:
     raise ConfigError(f'{field}: "{value}": no such PCI or auxiliary device under {fs.top}/bus')
 
 
-def target(req: Request) -> attach.Target:
+def target(req: Request) -> Target:
     fs = sysfs.open_sysfs(req.env)
     field, value = selector(req)
     if field == "device":
@@ -97,23 +98,23 @@ def target(req: Request) -> attach.Target:
 
 def add(req: Request) -> Result:
     common.setup_logging(req.conf, "host-device")
-    conf = attach.DeviceConf.from_request(req)
+    conf = DeviceConf.from_request(req)
     return attach.add(req, "host-device", conf, target(req), None)
 
 
 def delete(req: Request) -> None:
     common.setup_logging(req.conf, "host-device")
-    attach.delete(req, "host-device", attach.DeviceConf.from_request(req))
+    release.delete(req, DeviceConf.from_request(req))
 
 
 def check(req: Request) -> None:
     common.setup_logging(req.conf, "host-device")
-    attach.check(req, attach.DeviceConf.from_request(req))
+    attach.check(req, DeviceConf.from_request(req))
 
 
 def status(req: Request) -> None:
-    attach.status(req, attach.DeviceConf.from_request(req))
+    attach.status(req, DeviceConf.from_request(req))
 
 
 def gc(req: Request) -> None:
-    attach.gc(req, "host-device", attach.DeviceConf.from_request(req))
+    release.gc(req, "host-device", DeviceConf.from_request(req))

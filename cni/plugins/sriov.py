@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cni.device import attach
+from cni.device import attach, release
+from cni.device.conf import DeviceConf, Target
 from cni.errors import ConfigError, NotAvailableError
 from cni.plugins import common
 from cni.sriov import sysfs
@@ -26,7 +27,7 @@ class SriovConf:
     device_field: str
     plan: tuple[Setting, ...]
     mac: str | None
-    device: attach.DeviceConf
+    device: DeviceConf
 
     @staticmethod
     def from_request(req: Request) -> SriovConf:
@@ -40,7 +41,7 @@ class SriovConf:
         if mac:
             plan.append(Setting("mac", (mac,)))
         plan += [*_rate(c), *_flags(c)]
-        return SriovConf(pci, field, tuple(plan), mac, attach.DeviceConf.from_request(req))
+        return SriovConf(pci, field, tuple(plan), mac, DeviceConf.from_request(req))
 
 
 def _device_id(req: Request) -> tuple[str, str]:
@@ -133,7 +134,7 @@ def add(req: Request) -> Result:
     common.setup_logging(req.conf, "sriov")
     conf = SriovConf.from_request(req)
     vf = resolve(conf, sysfs.open_sysfs(req.env))
-    target = attach.Target(key=f"pci-{vf.pci}", what=f"VF {vf.pci}", pci=vf.pci, netdev=vf.netdev,
+    target = Target(key=f"pci-{vf.pci}", what=f"VF {vf.pci}", pci=vf.pci, netdev=vf.netdev,
                            driver=vf.driver)
     hooks = VfHooks(control(req.env), vf.pf, vf.index, conf.plan)
     return attach.add(req, "sriov", conf.device, target, hooks, conf.mac)
@@ -141,13 +142,13 @@ def add(req: Request) -> Result:
 
 def delete(req: Request) -> None:
     common.setup_logging(req.conf, "sriov")
-    attach.delete(req, "sriov", attach.DeviceConf.from_request(req))
+    release.delete(req, DeviceConf.from_request(req))
 
 
 def check(req: Request) -> None:
     common.setup_logging(req.conf, "sriov")
     SriovConf.from_request(req)
-    attach.check(req, attach.DeviceConf.from_request(req))
+    attach.check(req, DeviceConf.from_request(req))
 
 
 def status(req: Request) -> None:
@@ -155,8 +156,8 @@ def status(req: Request) -> None:
     fs = sysfs.open_sysfs(req.env)
     if not fs.pci_exists(""):
         raise NotAvailableError(f"no PCI device tree at {fs.pci('')} (sysfs root {fs.top})")
-    attach.status(req, attach.DeviceConf.from_request(req))
+    attach.status(req, DeviceConf.from_request(req))
 
 
 def gc(req: Request) -> None:
-    attach.gc(req, "sriov", attach.DeviceConf.from_request(req))
+    release.gc(req, "sriov", DeviceConf.from_request(req))

@@ -3,12 +3,13 @@
 The state file is JSON shared by every plugin process of a test:
 
   {"pfs": {"<pf>": {"vfs": {"<n>": {<VfState fields>}}, "unsupported": ["vlan", ...]}},
-   "fail": {"<kind>": "<message>", "read": "<message>"},
+   "fail": {"<kind>": "<message>", "<kind>@<n>": "<message>", "read": "<message>"},
    "calls": [{"op": "read", "pf": .., "vf": ..}, {"op": "set", "pf": .., "vf": .., "kind": .., <fields>}]}
 
 Every request is appended to "calls" (a refused one too) so a test can compare the exact sequence;
-a set updates the VF's state. "unsupported" kinds fail like a driver without that operation,
-"fail" kinds fail once each (the entry is consumed), to inject a fault at one step."""
+a set updates the VF's state. "unsupported" kinds fail like a driver without that operation;
+a "fail" entry fails the next request of its kind, or with "@n" the n-th one (counting from the start
+of "calls"), once: the entry is consumed. That injects a fault at one step, e.g. in a rollback."""
 
 from __future__ import annotations
 
@@ -67,7 +68,9 @@ class FakeVf:
             entry = self._vf(state, pf, vf, op)
             if setting.kind in state["pfs"][pf].get("unsupported", []):
                 raise KernelError(f"PF {pf}: {op}: Operation not supported")
-            message = state.get("fail", {}).pop(setting.kind, None)
+            nth = sum(1 for c in state["calls"] if c.get("kind") == setting.kind)
+            fail = state.get("fail", {})
+            message = fail.pop(setting.kind, None) or fail.pop(f"{setting.kind}@{nth}", None)
             if message:
                 raise KernelError(f"PF {pf}: {op}: {message}")
             entry.update(setting.applied_to(VfState.from_dict(entry)).to_dict())

@@ -38,11 +38,14 @@ class VfHooks:
         return replace(att, extra=extra)
 
     def apply(self, att: Attachment, undo: Undo) -> None:
+        """Each setting, then its undo step (a refused request changed nothing to put back)."""
         original = _original(att)
         for setting in self.plan:
+            self.control.set(self.pf, self.vf, setting)
             undo.push(f"restore VF {self.vf} {setting.kind} on {self.pf}", self._set,
                       Setting.of(setting.kind, original))
-            self._set(setting)
+            if setting.kind == "mac":
+                self._wait_mac(str(setting.values[0]))
             faults.point(f"vf-{setting.kind}")
 
     def _set(self, setting: Setting) -> None:

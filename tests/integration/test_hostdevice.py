@@ -130,7 +130,8 @@ def test_failure_at_each_step_leaves_the_device_as_before(lab: Lab, where: str) 
     pod = lab.topo.pod()
     before = customise(lab, lab.nic)
     kind, _, step = where.partition(":")
-    ipam = lab.fake_ipam("198.51.100.61/24", "2001:db8::61/64", **({"fail": "ADD"} if kind == "ipam-add" else {}))
+    fail = {"fail": "ADD"} if kind == "ipam-add" else {}
+    ipam = lab.fake_ipam("198.51.100.61/24", "2001:db8::61/64", **fail)
     add = lab.run("host-device", "ADD", lab.conf("host-device", ipam=ipam, device=lab.nic), netns=pod,
                   env={"PYCNI_TEST_FAULTS": step} if kind == "fault" else {})
     assert add.rc == 1, add.out
@@ -157,7 +158,8 @@ def test_original_name_taken_when_it_comes_home(lab: Lab) -> None:
     before = customise(lab, lab.nic)
     conf = lab.conf("host-device", device=lab.nic)
     assert lab.run("host-device", "ADD", conf, netns=pod).ok
-    sh("ip", "-n", lab.topo.host, "link", "add", "name", lab.nic, "type", "veth", "peer", "name", f"{lab.nic}q")
+    sh("ip", "-n", lab.topo.host, "link", "add", "name", lab.nic, "type", "veth", "peer", "name",
+       f"{lab.nic}q")
     delete = lab.run("host-device", "DEL", conf, netns=pod)
     assert delete.ok, delete.out
     assert f"device {lab.nic} came home as pycni" in delete.stderr
@@ -225,7 +227,8 @@ def test_two_attachments_race_for_one_device(lab: Lab) -> None:
         t.join()
     assert sorted(r.ok for r in results) == [False, True], [r.out for r in results]
     loser = next(r for r in results if not r.ok)
-    assert loser.out["code"] == 102 and f'pciBusID "{NIC_PCI}" is attached to container race' in loser.out["msg"]
+    assert loser.out["code"] == 102
+    assert f'pciBusID "{NIC_PCI}" is attached to container race' in loser.out["msg"]
     for i in range(2):
         assert lab.run("host-device", "DEL", conf, netns=pods[i], container_id=f"race{i}").ok
     assert lab.netdev(lab.nic) is not None and lab.records() == {"attachments": [], "owners": []}

@@ -341,3 +341,20 @@ def test_status(lab: Lab) -> None:
     assert lab.run("sriov", "STATUS", conf).ok
     bad = lab.run("sriov", "STATUS", conf, env={"PYCNI_SYSFS_ROOT": str(lab.tmp / "nothing")})
     assert bad.rc == 1 and bad.out["code"] == 50
+
+
+def test_incomplete_rollback_keeps_the_record_for_del(lab: Lab) -> None:
+    """ADD fails at the last VF step and putting the VLAN back fails too: the record stays, and the
+    DEL the runtime sends after a failed ADD finishes the restore."""
+    pod = lab.topo.pod()
+    before = lab.netdev(lab.vfs[2])
+    conf = lab.conf("sriov", ipam=lab.fake_ipam(), deviceID=VF_PCIS[2], **FULL)
+    lab.reset_calls({"link_state": "Input/output error", "vlan@2": "Device or resource busy"})
+    add = lab.run("sriov", "ADD", conf, netns=pod)
+    assert add.rc == 1 and "rollback incomplete" in add.out["details"], add.out
+    assert lab.vf_table()["2"]["vlan"] == 100  # the one step that could not be undone
+    assert lab.records() == {"attachments": ["c1:net1"], "owners": [f"pci-{VF_PCIS[2]}"]}
+    assert lab.netdev(lab.vfs[2]) == before  # the netdev did come home
+    delete = lab.run("sriov", "DEL", conf, netns=pod)
+    assert delete.ok, delete.out
+    assert_home(lab, 2, before, pod)

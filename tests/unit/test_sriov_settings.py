@@ -103,9 +103,9 @@ def test_failure_at_each_step_restores_everything(tmp_path: Path, failing: str) 
     with pytest.raises(CniError, match=f"PF {PF}: set VF 2 {failing}"), Undo() as undo:
         hooks.apply(a, undo)
     assert vf_now(path) == ORIGINAL
-    done = APPLY_KINDS[: APPLY_KINDS.index(failing) + 1]
-    # the requests up to the failing one, then each setting put back, newest first
-    assert sets(path) == done + list(reversed(done))
+    done = APPLY_KINDS[: APPLY_KINDS.index(failing)]
+    # the requests up to the refused one, then each applied setting put back, newest first
+    assert sets(path) == [*done, failing, *reversed(done)]
 
 
 def test_unsupported_setting_fails_naming_the_pf(tmp_path: Path) -> None:
