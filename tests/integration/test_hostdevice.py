@@ -3,6 +3,7 @@ tree gives them PCI addresses (and one vfio-pci device without a netdev)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -263,3 +264,35 @@ def test_check_and_gc_and_status(lab: Lab) -> None:
     broken = lab.run("host-device", "STATUS", {**conf, "stateDir": "/proc/pycni-state"})
     assert broken.rc == 1 and broken.out["code"] == 50
     assert lab.run("host-device", "DEL", {**conf, "device": lab.nic}, netns=pods[0], container_id="k1").ok
+
+
+def test_multus_style_hostdevicenetwork(lab: Lab) -> None:
+    """network-operator's HostDeviceNetwork NAD has no selector: Multus injects top-level deviceID and
+    pciBusID, sends IgnoreUnknown and K8S_POD_* in CNI_ARGS and picks ifname net1."""
+    pod = lab.topo.pod()
+    before = lab.netdev(lab.nic)
+    cid = "9d8c7b6a5f4e3d2c1b0a99887766554433221100ffeeddccbbaa998877665544"
+    args = (f"IgnoreUnknown=true;K8S_POD_NAMESPACE=ml;K8S_POD_NAME=worker-3;"
+            f"K8S_POD_INFRA_CONTAINER_ID={cid};K8S_POD_UID=0b1c2d3e-4f50-4617-8293-a4b5c6d7e8f9")
+    conf = {"cniVersion": "0.3.1", "name": "example-hostdevice-network", "type": "host-device",
+            "ipam": lab.static("198.51.100.90/24"), "deviceID": NIC_PCI, "pciBusID": NIC_PCI,
+            "stateDir": str(lab.state_dir)}
+    add = lab.run("host-device", "ADD", conf, netns=pod, container_id=cid, cni_args=args, ifname="net1")
+    assert add.ok, add.out
+    assert add.out["interfaces"][0]["name"] == "net1" and lab.topo.addrs(pod, "net1") == ["198.51.100.90/24"]
+    owner = json.loads((lab.state_dir / "owners" / f"pci-{NIC_PCI}").read_text())
+    assert (owner["podUID"], owner["podRef"]) == ("0b1c2d3e-4f50-4617-8293-a4b5c6d7e8f9", "ml/worker-3")
+    assert lab.run("host-device", "DEL", conf, netns=pod, container_id=cid, cni_args=args).ok
+    assert_home(lab, lab.nic, before, pod)
+
+
+def test_del_when_the_device_is_already_home(lab: Lab) -> None:
+    pod = lab.topo.pod()
+    before = customise(lab, lab.nic)
+    conf = lab.conf("host-device", device=lab.nic)
+    assert lab.run("host-device", "ADD", conf, netns=pod).ok
+    lab.topo.ip(pod, "link", "set", "net1", "netns", lab.topo.host)
+    lab.topo.ip(lab.topo.host, "link", "set", "net1", "name", lab.nic)
+    delete = lab.run("host-device", "DEL", conf, netns=pod)
+    assert delete.ok, delete.out
+    assert_home(lab, lab.nic, before, pod)  # alias, MTU, altnames and admin state as before
