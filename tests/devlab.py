@@ -37,6 +37,7 @@ class Lab:
     def __post_init__(self) -> None:
         t = self.topo
         self.pf = t.add_uplink("pf")
+        self.pf_pci = PF_PCI
         self.vfs = [t.add_uplink(f"v{n}") for n in range(len(VF_PCIS))]
         self.nic = t.add_uplink("nic")
         self.sf = t.add_uplink("sf")
@@ -126,6 +127,13 @@ class Lab:
 
     def allocations(self) -> list[str]:
         return self.ipam_state.read_text().split() if self.ipam_state.exists() else []
+
+    def sysfs_rename(self, pci: str, old: str, new: str) -> None:
+        """What the kernel shows after a netdev rename: net/<new> under the device, class/net/<new>."""
+        device = self.sysfs / "devices" / fakesysfs.BUS / pci
+        os.rename(device / "net" / old, device / "net" / new)
+        os.unlink(self.sysfs / "class" / "net" / old)
+        os.symlink(f"../../devices/{fakesysfs.BUS}/{pci}/net/{new}", self.sysfs / "class" / "net" / new)
 
     def host_names(self) -> set[str]:
         return {link["ifname"] for link in self.topo.links(self.topo.host)}

@@ -31,7 +31,9 @@ def add(req: Request, plugin: str, conf: DeviceConf, target: Target, hooks: Hook
             if links.get(pod, req.ifname) is not None:
                 raise InterfaceExistsError(f'CNI_IFNAME "{req.ifname}" already exists in {req.netns}')
         with recs.lock(target.key, target.what):
-            _recover_leftovers(recs, req, target)
+            home = _recover_leftovers(recs, req, target)
+            if home and target.netdev:  # bringing it home may have renamed it
+                target = replace(target, netdev=home)
             att = _snapshot(req, plugin, target, hooks)
             recs.claim(att)
             recs.save(att)
@@ -74,18 +76,21 @@ def _snapshot(req: Request, plugin: str, target: Target, hooks: Hooks | None) ->
     return hooks.snapshot(att) if hooks is not None else att
 
 
-def _recover_leftovers(recs: Records, req: Request, target: Target) -> None:
+def _recover_leftovers(recs: Records, req: Request, target: Target) -> str | None:
     """Before taking the device: undo what a crashed ADD of this attachment left, and free the
-    device from an owner whose namespace is gone. A live owner makes the device busy."""
+    device from an owner whose namespace is gone. A live owner makes the device busy. Returns the
+    name the target's netdev got at home, if it was brought there."""
+    home = None
     own = recs.load(req.container_id, req.ifname)
     if own is not None:
         log.warning("ADD %s/%s: a record of this attachment exists (state %s); restoring it first",
                     req.container_id, req.ifname, own.state)
-        detach(recs, own, "", hooks_for(own.plugin, req.env))
+        name = detach(recs, own, "", hooks_for(own.plugin, req.env))
+        home = name if own.key == target.key else None
         recs.remove(own)
     owner = recs.owner(target.key)
     if owner is None:
-        return
+        return home
     held = recs.load(str(owner.get("containerID")), str(owner.get("ifname")))
     if held is not None and owner_alive(owner):
         raise DeviceBusyError(
@@ -94,11 +99,12 @@ def _recover_leftovers(recs: Records, req: Request, target: Target) -> None:
             "; a device serves one attachment at a time")
     log.warning("%s: owner %s/%s is gone (netns %s); recovering the device", target.what,
                 owner.get("containerID"), owner.get("ifname"), owner.get("netns"))
-    if held is not None:
-        detach(recs, held, "", hooks_for(held.plugin, req.env))
-        recs.remove(held)
-    else:
+    if held is None:
         recs.dir.remove("owners", target.key)
+        return home
+    home = detach(recs, held, "", hooks_for(held.plugin, req.env))
+    recs.remove(held)
+    return home
 
 
 def _attach(req: Request, conf: DeviceConf, recs: Records, att: Attachment, pod_fd: int, temp_fd: int,

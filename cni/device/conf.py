@@ -62,8 +62,9 @@ class Hooks(Protocol):
 def hooks_for(plugin: str, env: Mapping[str, str]) -> Hooks | None:
     """Hooks that work from a record alone (DEL, GC, CHECK, recovering a stale owner)."""
     if plugin == "sriov":
+        from cni.sriov import sysfs
         from cni.sriov.settings import VfHooks
         from cni.sriov.vf import control
 
-        return VfHooks(control(env))
+        return VfHooks(control(env), fs=sysfs.open_sysfs(env))
     return None

@@ -44,7 +44,9 @@ def _by_bus_device(link: links.Link, att: Attachment, where: str) -> bool:
 
 
 def _by_pod_index(link: links.Link, att: Attachment, where: str) -> bool:
-    return where == "pod" and link.index == att.pod_index and link.mac == att.pod_mac
+    """Its index in the pod (stable while it stays there), confirmed by its MAC or name."""
+    same = link.mac == att.pod_mac or link.name == att.ifname
+    return where == "pod" and link.index == att.pod_index and same
 
 
 def _untouched(link: links.Link, att: Attachment, where: str) -> bool:

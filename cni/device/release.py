@@ -40,11 +40,13 @@ def delete(req: Request, conf: DeviceConf) -> None:
         recs.remove(att)
 
 
-def detach(recs: Records, att: Attachment, netns_path: str, hooks: Hooks | None) -> None:
+def detach(recs: Records, att: Attachment, netns_path: str, hooks: Hooks | None) -> str | None:
     """Restore the device and its VF settings, unless it now belongs to another attachment; then
-    mark the record released (only the IPAM release is left)."""
+    mark the record released (only the IPAM release is left). Returns the name the netdev has at
+    home, if it was brought there."""
+    home = None
     if att.state == "released":
-        return
+        return None
     owner = recs.owner(att.key)
     if owner is not None and not same_attachment(owner, att):
         log.warning("%s/%s: %s now belongs to %s/%s; left alone", att.container_id, att.ifname, att.key,
@@ -53,12 +55,13 @@ def detach(recs: Records, att: Attachment, netns_path: str, hooks: Hooks | None)
         if hooks is not None:
             hooks.restore(att)
         if att.netdev is not None:
-            _device_home(att, netns_path)
+            home = _device_home(att, netns_path)
         recs.unclaim(att)
     recs.save(replace(att, state="released"))
+    return home
 
 
-def _device_home(att: Attachment, netns_path: str) -> None:
+def _device_home(att: Attachment, netns_path: str) -> str | None:
     dev = att.netdev
     assert dev is not None
     with _pod_ns(att, netns_path) as pod_fd:
@@ -68,6 +71,7 @@ def _device_home(att: Attachment, netns_path: str) -> None:
                     "namespace?); nothing to bring back", att.container_id, att.ifname, dev.name)
     else:
         log.info("%s/%s: device %s is home as %s", att.container_id, att.ifname, dev.name, name)
+    return name
 
 
 @contextlib.contextmanager

@@ -133,10 +133,11 @@ def resolve(conf: SriovConf, fs: sysfs.Sysfs) -> Vf:
 def add(req: Request) -> Result:
     common.setup_logging(req.conf, "sriov")
     conf = SriovConf.from_request(req)
-    vf = resolve(conf, sysfs.open_sysfs(req.env))
+    fs = sysfs.open_sysfs(req.env)
+    vf = resolve(conf, fs)
     target = Target(key=f"pci-{vf.pci}", what=f"VF {vf.pci}", pci=vf.pci, netdev=vf.netdev,
-                           driver=vf.driver)
-    hooks = VfHooks(control(req.env), vf.pf, vf.index, conf.plan)
+                    driver=vf.driver)
+    hooks = VfHooks(control(req.env), vf.pf, vf.index, conf.plan, fs)
     return attach.add(req, "sriov", conf.device, target, hooks, conf.mac)
 
 

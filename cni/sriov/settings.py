@@ -11,6 +11,7 @@ from typing import Any
 from cni import faults, log
 from cni.device.records import Attachment
 from cni.errors import CheckError, CniError, Code
+from cni.sriov.sysfs import Sysfs
 from cni.sriov.vf import APPLY_ORDER, RESTORE_ORDER, Setting, VfControl, VfState
 from cni.undo import Undo
 
@@ -26,10 +27,12 @@ def plan_from_json(items: list[dict[str, Any]]) -> tuple[Setting, ...]:
 
 
 class VfHooks:
-    def __init__(self, control: VfControl, pf: str = "", vf: int = -1, plan: tuple[Setting, ...] = ()):
+    def __init__(self, control: VfControl, pf: str = "", vf: int = -1, plan: tuple[Setting, ...] = (),
+                 fs: Sysfs | None = None):
         self.control = control
         self.pf, self.vf = pf, vf
         self.plan = tuple(sorted(plan, key=lambda s: APPLY_ORDER.index(s.kind)))
+        self.fs = fs
 
     def snapshot(self, att: Attachment) -> Attachment:
         original = self.control.read(self.pf, self.vf) if self.plan else None
@@ -68,7 +71,12 @@ class VfHooks:
         plan = plan_from_json(att.extra.get("plan") or [])
         if not plan:
             return
-        self.pf, self.vf = str(att.extra["pf"]), int(att.extra["vf"])
+        pf = self._current_pf(att)
+        if pf is None:
+            log.warning("VF %s (%d of PF %s) no longer exists; no VF settings to restore", att.pci,
+                        att.extra["vf"], att.extra["pf"])
+            return
+        self.pf, self.vf = pf, int(att.extra["vf"])
         original, kinds = _original(att), {s.kind for s in plan}
         errors = []
         for kind in RESTORE_ORDER:
@@ -82,6 +90,20 @@ class VfHooks:
         if errors:
             raise CniError(f"PF {self.pf}: VF {self.vf} not fully restored", "; ".join(errors),
                            code=Code.ROLLBACK_INCOMPLETE)
+
+    def _current_pf(self, att: Attachment) -> str | None:
+        """The PF's netdev name now (it may have been renamed since ADD); None when the VF is gone
+        (VFs disabled, PF driver unloaded). Without a sysfs view: the recorded name."""
+        recorded = str(att.extra["pf"])
+        if self.fs is None or not att.pci:
+            return recorded
+        if not self.fs.pci_exists(att.pci):
+            return None
+        pf_pci = self.fs.physfn(att.pci)
+        names = self.fs.pci_netdevs(pf_pci) if pf_pci else []
+        if not names or self.fs.vf_index(pf_pci or "", att.pci) != att.extra["vf"]:
+            return None
+        return recorded if recorded in names else names[0]
 
     def check(self, att: Attachment) -> None:
         plan = plan_from_json(att.extra.get("plan") or [])

@@ -168,24 +168,25 @@ def _decode_flags(info: Any, state: VfState) -> VfState:
     return state
 
 
+# pyroute2 compiles a class's attribute table once and marks the class; a subclass inherits both the
+# mark and the table (which names the base's nested classes) unless it gets its own fresh ones.
+_FRESH = {"_nlmsg_base__compiled_nla": False, "_nlmsg_base__t_nla_map": None,
+          "_nlmsg_base__r_nla_map": None}
+
+
 @functools.cache
 def codec() -> type:
     """ifinfmsg with a correct IFLA_VF_VLAN_INFO: struct ifla_vf_vlan_info is 16 bytes (three u32 and
     a __be16, padded), the kernel rejects anything shorter, and pyroute2 0.9 encodes 14."""
     from cni.netlink.codec import ifinfmsg, nla
 
-    base = ifinfmsg.vflist.vfinfo
-
-    class ivvi(nla):  # type: ignore[misc]
-        fields = (("vf", "I"), ("vlan", "I"), ("qos", "I"), ("proto", ">H"), ("__pad", "2x"))
-
-    class vf_vlist(nla):  # type: ignore[misc]
-        nla_map = (("IFLA_VF_VLAN_INFO_UNSPEC", "none"), ("IFLA_VF_VLAN_INFO", "ivvi"))
-
-    vf_vlist.ivvi = ivvi
-    vfinfo = type("vfinfo", (base,), {"vf_vlist": vf_vlist})
-    vflist = type("vflist", (ifinfmsg.vflist,), {"vfinfo": vfinfo})
-    return type("vfinfmsg", (ifinfmsg,), {"vflist": vflist})
+    ivvi = type("ivvi", (nla,), {**_FRESH, "fields": (
+        ("vf", "I"), ("vlan", "I"), ("qos", "I"), ("proto", ">H"), ("__pad", "2x"))})
+    vf_vlist = type("vf_vlist", (nla,), {**_FRESH, "ivvi": ivvi, "nla_map": (
+        ("IFLA_VF_VLAN_INFO_UNSPEC", "none"), ("IFLA_VF_VLAN_INFO", "ivvi"))})
+    vfinfo = type("vfinfo", (ifinfmsg.vflist.vfinfo,), {**_FRESH, "vf_vlist": vf_vlist})
+    vflist = type("vflist", (ifinfmsg.vflist,), {**_FRESH, "vfinfo": vfinfo})
+    return type("vfinfmsg", (ifinfmsg,), {**_FRESH, "vflist": vflist})
 
 
 class NetlinkVf:

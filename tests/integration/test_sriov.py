@@ -243,6 +243,7 @@ def test_stale_owner_is_recovered_and_its_late_del_touches_nothing(lab: Lab) -> 
     conf = lab.conf("sriov", deviceID=VF_PCIS[1], vlan=11)
     assert lab.run("sriov", "ADD", conf, netns=old, container_id="old").ok
     lab.topo.ip(old, "link", "set", "net1", "netns", lab.topo.host)  # as the kernel does at netns death
+    lab.sysfs_rename(VF_PCIS[1], lab.vfs[1], "net1")  # and sysfs names it net1 now
     kill_netns(lab.topo, old)
     add = lab.run("sriov", "ADD", {**conf, "vlan": 12}, netns=new, container_id="new")
     assert add.ok, add.out
@@ -251,6 +252,7 @@ def test_stale_owner_is_recovered_and_its_late_del_touches_nothing(lab: Lab) -> 
     assert lab.run("sriov", "DEL", conf, netns=old, container_id="old").ok  # late DEL of the dead pod
     assert lab.topo.link(new, "net1") is not None and lab.vf_table()["1"]["vlan"] == 12
     assert lab.run("sriov", "DEL", conf, netns=new, container_id="new").ok
+    assert lab.netdev("net1") is None
     assert_home(lab, 1, before)
 
 
@@ -358,3 +360,41 @@ def test_incomplete_rollback_keeps_the_record_for_del(lab: Lab) -> None:
     delete = lab.run("sriov", "DEL", conf, netns=pod)
     assert delete.ok, delete.out
     assert_home(lab, 2, before, pod)
+
+
+def test_del_after_the_vfs_were_disabled(lab: Lab) -> None:
+    """sriov_numvfs went to 0 (the VF and its settings are gone): DEL succeeds without PF requests."""
+    pod = lab.topo.pod()
+    conf = lab.conf("sriov", deviceID=VF_PCIS[3], vlan=30)
+    assert lab.run("sriov", "ADD", conf, netns=pod).ok
+    (lab.sysfs / "bus/pci/devices" / lab.pf_pci / "sriov_numvfs").write_text("0\n")
+    lab.reset_calls()
+    delete = lab.run("sriov", "DEL", conf, netns=pod)
+    assert delete.ok, delete.out
+    assert "no longer exists; no VF settings to restore" in delete.stderr
+    assert lab.calls() == [] and lab.records() == {"attachments": [], "owners": []}
+
+
+@pytest.mark.parametrize("crash", ["move-pod", "configure"])
+def test_crash_during_add_then_del_or_add_again(lab: Lab, crash: str) -> None:
+    """The plugin is killed half-way through ADD (no rollback runs). The DEL that follows restores
+    the VF and its netdev from the snapshot; an ADD of the same attachment first does the same."""
+    pod = lab.topo.pod()
+    before = lab.netdev(lab.vfs[1])
+    conf = lab.conf("sriov", ipam=lab.fake_ipam("198.51.100.31/24"), deviceID=VF_PCIS[1], **FULL)
+    add = lab.run("sriov", "ADD", conf, netns=pod, env={"PYCNI_TEST_FAULTS": f"{crash}!"})
+    assert add.rc == -9, add
+    assert lab.topo.link(pod, "net1") is not None and lab.vf_table()["1"] == APPLIED
+    assert lab.records()["attachments"] == ["c1:net1"]
+    assert lab.run("sriov", "DEL", conf, netns=pod).ok
+    assert_home(lab, 1, before, pod)
+    assert lab.allocations() == []
+    crashed = lab.run("sriov", "ADD", conf, netns=pod, env={"PYCNI_TEST_FAULTS": f"{crash}!"})
+    assert crashed.rc == -9
+    lab.topo.ip(pod, "link", "set", "net1", "name", "eth9")  # so that ifname is free for the retry
+    again = lab.run("sriov", "ADD", conf, netns=pod)
+    assert again.ok, again.out
+    assert "a record of this attachment exists" in again.stderr
+    assert lab.topo.link(pod, "eth9") is None and lab.vf_table()["1"] == APPLIED
+    assert lab.run("sriov", "DEL", conf, netns=pod).ok
+    assert_home(lab, 1, before, pod)

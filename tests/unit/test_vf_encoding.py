@@ -161,3 +161,26 @@ def test_control_selects_the_fake_only_when_asked(tmp_path: object) -> None:
 
     assert isinstance(vf.control({}), vf.NetlinkVf)
     assert isinstance(vf.control({vf.FAKE_ENV: "/nonexistent.json"}), FakeVf)
+
+
+def test_vlan_info_stays_16_bytes_after_pyroute2_compiled_its_own_classes() -> None:
+    """pyroute2 compiles attribute tables per class on first use; a PF's VF list decoded with the
+    stock classes (links.get does that) must not leak the stock 14-byte layout into ours."""
+    from cni.netlink.codec import ifinfmsg
+
+    stock = ifinfmsg()
+    stock["family"], stock["index"] = 0, 1
+    stock["attrs"] = [("IFLA_VFINFO_LIST", {"attrs": [("IFLA_VF_INFO", {"attrs": [
+        ("IFLA_VF_MAC", {"vf": 0, "mac": "02:00:00:00:00:01"}),
+        ("IFLA_VF_VLAN_LIST", {"attrs": [("IFLA_VF_VLAN_INFO",
+                                          {"vf": 0, "vlan": 1, "qos": 0, "proto": 0x8100})]})]})]})]
+    stock.encode()
+    again = ifinfmsg(stock.data)
+    again.decode()
+    vf.codec.cache_clear()
+    try:
+        _, payload = vf_attribute(Setting("vlan", (5, 0, "802.1q")))
+        [(_, info)] = nlas(payload)
+        assert len(info) == 16
+    finally:
+        vf.codec.cache_clear()
