@@ -12,7 +12,14 @@ from cni.device import move
 from cni.device.conf import DeviceConf, Hooks, Target, hooks_for
 from cni.device.records import Attachment, Netdev, Records, netns_id, owner_alive, same_attachment
 from cni.device.release import detach
-from cni.errors import CheckError, CniError, ConfigError, DeviceBusyError, InterfaceExistsError
+from cni.errors import (
+    CheckError,
+    CniError,
+    ConfigError,
+    DeviceBusyError,
+    InterfaceExistsError,
+    NotAvailableError,
+)
 from cni.netlink import links
 from cni.netlink.socket import opened
 from cni.plugins import common
@@ -167,8 +174,6 @@ def check(req: Request, conf: DeviceConf) -> None:
 
 
 def status(req: Request, conf: DeviceConf) -> None:
-    from cni.errors import NotAvailableError
-
     try:
         Records(conf.state_dir).usable()
     except CniError as e:

@@ -99,17 +99,18 @@ def gc(req: Request, plugin: str, conf: DeviceConf) -> None:
     IPAM. Every failure is reported; none stops the rest."""
     recs = Records(conf.state_dir)
     valid = req.valid_attachments()
-    errors: list[str] = []
     if valid is None:
         log.warning("GC without cni.dev/valid-attachments: device records left alone")
-        valid = {(a.container_id, a.ifname) for a in recs.all()}
-    for att in recs.all():
-        if att.plugin != plugin or att.network != req.name or (att.container_id, att.ifname) in valid:
-            continue
+    stale = [a for a in recs.all() if valid is not None and a.plugin == plugin and a.network == req.name
+             and (a.container_id, a.ifname) not in valid]
+    errors: list[str] = []
+    for att in stale:
         try:
             with recs.lock(att.key, att.key):
-                detach(recs, att, "", hooks_for(att.plugin, req.env))
-                recs.remove(att)
+                current = recs.load(att.container_id, att.ifname)  # as it is now, under the lock
+                if current is not None:
+                    detach(recs, current, "", hooks_for(current.plugin, req.env))
+                    recs.remove(current)
             log.info("GC: %s/%s released %s", att.container_id, att.ifname, att.key)
         except CniError as e:
             errors.append(f"{att.container_id}/{att.ifname}: {e}")
