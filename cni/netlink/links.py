@@ -6,15 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cni.netlink.codec import ifinfmsg
-from cni.netlink.socket import (
-    ENODEV,
-    NLM_F_APPEND,
-    NLM_F_CREATE,
-    NLM_F_DUMP,
-    NLM_F_EXCL,
-    Netlink,
-    NetlinkError,
-)
+from cni.netlink.socket import ENODEV, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, Netlink, NetlinkError
 
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_NEWLINKPROP, RTM_DELLINKPROP = 16, 17, 18, 108, 109
 IFF_UP = 0x1
@@ -169,7 +161,7 @@ def delete_altname(nl: Netlink, index: int, altname: str) -> None:
 
 def add_altname(nl: Netlink, index: int, altname: str) -> None:
     msg = _msg(index, [("IFLA_PROP_LIST", {"attrs": [("IFLA_ALT_IFNAME", altname)]})])
-    nl.request(msg, RTM_NEWLINKPROP, NLM_F_EXCL | NLM_F_CREATE | NLM_F_APPEND, f"add altname {altname}")
+    nl.request(msg, RTM_NEWLINKPROP, NLM_F_EXCL | NLM_F_CREATE, f"add altname {altname}")
 
 
 def delete(nl: Netlink, index: int) -> bool:
