@@ -5,10 +5,16 @@ from __future__ import annotations
 
 PLUGINS: dict[str, str] = {
     "macvlan": "cni.plugins.macvlan",
+    "host-device": "cni.plugins.hostdevice",
+    "sriov": "cni.plugins.sriov",
 }
 
 # Modules imported lazily on some path (not visible to PyInstaller's import scan).
-LAZY_MODULES: tuple[str, ...] = (*PLUGINS.values(),)
+LAZY_MODULES: tuple[str, ...] = (
+    *PLUGINS.values(),
+    "cni.sriov.settings",
+    "cni.sriov.fakevf",  # the recording VF seam tests select with PYCNI_SRIOV_FAKE_PF
+)
 
 
 def module_for(name: str) -> str | None:

@@ -14,10 +14,12 @@ class Undo:
     """`with Undo() as undo: ...; undo.push("delete link", fn, idx); ...; undo.commit()`.
 
     On an exception every pushed step runs (newest first), each one even if an earlier one failed;
-    failures are logged and appended to the error's details, and the original error propagates."""
+    failures are logged and appended to the error's details, and the original error propagates.
+    `failed` lists the steps that failed so far, so a later step can depend on the earlier ones."""
 
     def __init__(self) -> None:
         self._steps: list[tuple[str, Callable[..., Any], tuple[Any, ...]]] = []
+        self.failed: list[str] = []
 
     def push(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
         self._steps.append((what, fn, args))
@@ -33,15 +35,14 @@ class Undo:
     ) -> Literal[False]:
         if exc is None or not self._steps:
             return False
-        failed = []
         for what, fn, args in reversed(self._steps):
             try:
                 fn(*args)
             except Exception as e:
                 log.error("rollback: %s failed: %s", what, e)
-                failed.append(f"{what}: {e}")
+                self.failed.append(f"{what}: {e}")
         self._steps.clear()
-        if failed and isinstance(exc, CniError):
-            note = "rollback incomplete: " + "; ".join(failed)
+        if self.failed and isinstance(exc, CniError):
+            note = "rollback incomplete: " + "; ".join(self.failed)
             exc.details = f"{exc.details}; {note}" if exc.details else note
         return False

@@ -28,7 +28,7 @@ def _bare_package() -> None:
 
 _bare_package()
 
-from pyroute2.netlink import nlmsg_atoms  # noqa: E402
+from pyroute2.netlink import nla, nlmsg_atoms  # noqa: E402
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg  # noqa: E402
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data  # noqa: E402
 from pyroute2.netlink.rtnl.rtmsg import rtmsg  # noqa: E402
@@ -47,4 +47,4 @@ class macvlan_data(macvx_data):  # type: ignore[misc]
 
 ifinfmsg.ifinfo.register_link_kind(module={"macvlan": macvlan_data})
 
-__all__ = ["ifaddrmsg", "ifinfmsg", "nlmsg_atoms", "rtmsg"]
+__all__ = ["ifaddrmsg", "ifinfmsg", "nla", "nlmsg_atoms", "rtmsg"]

@@ -7,7 +7,7 @@ from typing import Any
 
 from cni.netlink.socket import ENODEV, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, Netlink, NetlinkError
 
-RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_NEWLINKPROP = 16, 17, 18, 108
+RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_NEWLINKPROP, RTM_DELLINKPROP = 16, 17, 18, 108, 109
 IFF_UP = 0x1
 MACVLAN_MODES = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8, "source": 16}
 MACVLAN_MODE_NAMES = {v: k for k, v in MACVLAN_MODES.items()}
@@ -29,6 +29,7 @@ class Link:
     bcqueuelen: int = 0
     altnames: tuple[str, ...] = field(default=())
     perm_mac: str = ""
+    parent_dev: str = ""  # IFLA_PARENT_DEV_NAME: the bus device ("0000:af:06.0"), any namespace
 
 
 def _decode(msg: Any) -> Link:
@@ -57,6 +58,7 @@ def _decode(msg: Any) -> Link:
         bcqueuelen=bcq,
         altnames=altnames,
         perm_mac=msg.get_attr("IFLA_PERM_ADDRESS") or "",
+        parent_dev=msg.get_attr("IFLA_PARENT_DEV_NAME") or "",
     )
 
 
@@ -155,7 +157,12 @@ def set_netns(nl: Netlink, index: int, netns_fd: int) -> None:
 
 def delete_altname(nl: Netlink, index: int, altname: str) -> None:
     msg = _msg(index, [("IFLA_PROP_LIST", {"attrs": [("IFLA_ALT_IFNAME", altname)]})])
-    nl.request(msg, 110, 0, f"delete altname {altname}")  # RTM_DELLINKPROP
+    nl.request(msg, RTM_DELLINKPROP, 0, f"delete altname {altname}")
+
+
+def add_altname(nl: Netlink, index: int, altname: str) -> None:
+    msg = _msg(index, [("IFLA_PROP_LIST", {"attrs": [("IFLA_ALT_IFNAME", altname)]})])
+    nl.request(msg, RTM_NEWLINKPROP, NLM_F_EXCL | NLM_F_CREATE, f"add altname {altname}")
 
 
 def delete(nl: Netlink, index: int) -> bool:

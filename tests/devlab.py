@@ -1,0 +1,146 @@
+"""A lab for device-plugin tests: a Topology whose host namespace holds veth ends standing in for a PF,
+its VF netdevs and plain NICs, a fake sysfs tree naming them, the recording VF seam's state file,
+a state dir, and a CNI_PATH with Debian's plugins plus `fakeipam`."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests import fakesysfs
+from tests.nsutil import REPO, Call, Topology, sh
+
+PF_PCI = "0000:af:00.1"
+VF_PCIS = ["0000:af:06.0", "0000:af:06.1", "0000:af:06.2", "0000:af:06.3"]
+DPDK_PCI = "0000:af:06.4"
+NIC_PCI = "0000:3b:00.0"
+DPDK_NIC_PCI = "0000:3b:00.1"
+AUX_ID = "mlx5_core.sf.4"
+
+
+def initial_vf(n: int) -> dict[str, Any]:
+    return {"mac": f"02:00:00:00:0a:{n:02x}", "vlan": 0, "qos": 0, "proto": "802.1q", "spoofchk": 1,
+            "trust": 0, "link_state": 0, "min_tx_rate": 0, "max_tx_rate": 0}
+
+
+@dataclass
+class Lab:
+    topo: Topology
+    tmp: Path
+    vfs: list[str] = field(default_factory=list)  # VF netdev names, index = VF index
+
+    def __post_init__(self) -> None:
+        t = self.topo
+        self.pf = t.add_uplink("pf")
+        self.pf_pci = PF_PCI
+        self.vfs = [t.add_uplink(f"v{n}") for n in range(len(VF_PCIS))]
+        self.nic = t.add_uplink("nic")
+        self.sf = t.add_uplink("sf")
+        self.sysfs = self.tmp / "sys"
+        vfs = [fakesysfs.VF(pci, name) for pci, name in zip(VF_PCIS, self.vfs, strict=True)]
+        vfs.append(fakesysfs.VF(DPDK_PCI, "", "vfio-pci"))
+        tree = fakesysfs.build(self.sysfs, [fakesysfs.PF(PF_PCI, self.pf, vfs)],
+                               ((NIC_PCI, self.nic, "mlx5_core"), (DPDK_NIC_PCI, "", "vfio-pci")))
+        tree.auxiliary(NIC_PCI, AUX_ID, self.sf)
+        self.state_dir = self.tmp / "state"
+        self.fake_pf = self.tmp / "pf.json"
+        self.initial_vfs = {str(n): initial_vf(n) for n in range(len(VF_PCIS) + 1)}
+        self.fake_pf.write_text(json.dumps({"pfs": {self.pf: {"vfs": copy.deepcopy(self.initial_vfs)}},
+                                            "calls": []}))
+        self.ipam_state = self.tmp / "ipam"
+        self.bin = self.tmp / "bin"
+        self.bin.mkdir()
+        wrapper = self.bin / "fakeipam"
+        wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {REPO / 'tests' / 'fakeipam.py'}\n")
+        wrapper.chmod(0o755)
+
+    # ---- running plugins -----------------------------------------------------------------------
+
+    def env(self, fake: bool = True, **extra: str) -> dict[str, str]:
+        env = {"PYCNI_SYSFS_ROOT": str(self.sysfs), **extra}
+        if fake:
+            env["PYCNI_SRIOV_FAKE_PF"] = str(self.fake_pf)
+        return env
+
+    def conf(self, plugin: str, version: str = "1.0.0", ipam: dict[str, Any] | None = None,
+             **fields: Any) -> dict[str, Any]:
+        conf: dict[str, Any] = {"cniVersion": version, "name": f"{plugin}-net", "type": plugin,
+                                "stateDir": str(self.state_dir)}
+        if ipam is not None:
+            conf["ipam"] = ipam
+        conf.update(fields)
+        return conf
+
+    def static(self, *addresses: str) -> dict[str, Any]:
+        return {"type": "static", "addresses": [{"address": a} for a in addresses or ("198.51.100.7/24",)]}
+
+    def ipam_for(self, version: str, address: str) -> dict[str, Any]:
+        """Debian's static IPAM (1.1.1) speaks up to 1.0.0; fakeipam stands in for 1.1.0."""
+        return self.fake_ipam(address) if version == "1.1.0" else self.static(address)
+
+    def fake_ipam(self, *addresses: str, **extra: Any) -> dict[str, Any]:
+        return {"type": "fakeipam", "state": str(self.ipam_state),
+                "addresses": list(addresses or ("198.51.100.8/24",)), **extra}
+
+    def run(self, plugin: str, command: str, conf: dict[str, Any], *, fake: bool = True,
+            env: dict[str, str] | None = None, **kw: Any) -> Call:
+        return self.topo.run(plugin, command, conf, env={**self.env(fake), **(env or {})},
+                             path=f"{self.bin}:/usr/lib/cni", **kw)
+
+    # ---- observing ----------------------------------------------------------------------------
+
+    def netdev(self, name: str, ns: str | None = None) -> dict[str, Any] | None:
+        """What DEL must restore: name, MTU, MAC, admin state, alias, altnames (None if absent)."""
+        link = self.topo.link(ns or self.topo.host, name)
+        if link is None:
+            return None
+        return {"name": link["ifname"], "mtu": link["mtu"], "mac": link["address"],
+                "up": "UP" in link["flags"], "alias": link.get("ifalias", ""),
+                "altnames": sorted(link.get("altnames", []))}
+
+    def pf_state(self) -> dict[str, Any]:
+        return dict(json.loads(self.fake_pf.read_text()))
+
+    def vf_table(self) -> dict[str, Any]:
+        return dict(self.pf_state()["pfs"][self.pf]["vfs"])
+
+    def calls(self) -> list[dict[str, Any]]:
+        return list(self.pf_state()["calls"])
+
+    def reset_calls(self, fail: dict[str, str] | None = None) -> None:
+        state = self.pf_state()
+        state["calls"] = []
+        state["fail"] = fail or {}
+        self.fake_pf.write_text(json.dumps(state))
+
+    def records(self) -> dict[str, list[str]]:
+        out = {}
+        for sub in ("attachments", "owners"):
+            d = self.state_dir / sub
+            out[sub] = sorted(os.listdir(d)) if d.is_dir() else []
+        return out
+
+    def allocations(self) -> list[str]:
+        return self.ipam_state.read_text().split() if self.ipam_state.exists() else []
+
+    def sysfs_rename(self, pci: str, old: str, new: str) -> None:
+        """What the kernel shows after a netdev rename: net/<new> under the device, class/net/<new>."""
+        device = self.sysfs / "devices" / fakesysfs.BUS / pci
+        os.rename(device / "net" / old, device / "net" / new)
+        os.unlink(self.sysfs / "class" / "net" / old)
+        os.symlink(f"../../devices/{fakesysfs.BUS}/{pci}/net/{new}", self.sysfs / "class" / "net" / new)
+
+    def host_names(self) -> set[str]:
+        return {link["ifname"] for link in self.topo.links(self.topo.host)}
+
+
+def kill_netns(topo: Topology, path: str) -> None:
+    """Delete a pod namespace the topology made (as a runtime does before a late DEL)."""
+    name = os.path.basename(path)
+    sh("ip", "netns", "del", name)
+    topo.namespaces.remove(name)
