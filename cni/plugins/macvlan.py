@@ -120,8 +120,10 @@ def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl
             links.set_up(pod_nl, link.index)
             undo.commit()
             return Result(interfaces=(iface,), dns=conf.dns)
-        ipam_result = common.ipam_add(req)
+        # pushed first: the spec asks for a DEL after a failed ADD too, and an IPAM that exited 0 with
+        # output we cannot use may still hold an allocation
         undo.push("release the IPAM allocation", delegate.delete, req)
+        ipam_result = common.ipam_add(req)
         result = ipam_result.with_interface(iface)
         if conf.dns:
             result = Result(result.interfaces, result.ips, result.routes, conf.dns)

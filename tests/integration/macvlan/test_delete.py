@@ -1,0 +1,87 @@
+"""DEL is idempotent and best effort: it succeeds whatever is already gone, always releases the IPAM
+allocation, and never removes a link that is not a macvlan."""
+
+from __future__ import annotations
+
+import os
+
+from tests.integration.macvlan.harness import Env
+from tests.nsutil import sh
+
+
+def added(env: Env) -> dict[str, object]:
+    conf = env.conf()
+    env.add(conf)
+    assert env.allocations() == ["c1--net1"]
+    return conf
+
+
+def released(env: Env, dels: int = 1) -> None:
+    assert env.allocations() == []
+    assert env.calls().count(("DEL", "c1", "net1")) == dels
+
+
+def test_del_twice(env: Env) -> None:
+    conf = added(env)
+    assert env.run("DEL", conf).ok
+    second = env.run("DEL", conf)
+    assert second.ok, second.out
+    assert second.out is None  # DEL prints nothing on success
+    assert env.pod_links() == ["lo"]
+    released(env, dels=2)
+
+
+def test_del_after_netns_deleted(env: Env) -> None:
+    conf = added(env)
+    sh("ip", "netns", "del", os.path.basename(env.pod))
+    call = env.run("DEL", conf)
+    assert call.ok, call.out
+    released(env)
+
+
+def test_del_with_unmounted_netns_file(env: Env) -> None:
+    """The runtime unmounted the namespace but the bind-mount target file is still there."""
+    conf = added(env)
+    sh("umount", env.pod)
+    assert os.path.isfile(env.pod) and os.path.getsize(env.pod) == 0
+    call = env.run("DEL", conf)
+    assert call.ok, call.out
+    released(env)
+
+
+def test_del_without_netns(env: Env) -> None:
+    conf = added(env)
+    call = env.run("DEL", conf, netns="")
+    assert call.ok, call.out
+    released(env)
+    assert "net1" in env.pod_links()  # nothing told the plugin where the link is
+    env.topo.ip(env.pod, "link", "del", "net1")
+
+
+def test_del_when_link_already_gone(env: Env) -> None:
+    conf = added(env)
+    env.topo.ip(env.pod, "link", "del", "net1")
+    call = env.run("DEL", conf)
+    assert call.ok, call.out
+    released(env)
+
+
+def test_del_leaves_a_foreign_link_alone(env: Env) -> None:
+    """A veth called net1 (not ours: not a macvlan) survives DEL; the IPAM is still released."""
+    conf = env.conf()
+    env.topo.ip(env.pod, "link", "add", "net1", "type", "veth", "peer", "name", "net1peer")
+    call = env.run("DEL", conf)
+    assert call.ok, call.out
+    assert env.link()["linkinfo"]["info_kind"] == "veth"
+    released(env)
+
+
+def test_del_netns_path_that_is_not_a_namespace(env: Env) -> None:
+    """A path that exists but is no namespace is an error (the runtime sent something wrong), and the
+    error names it; a directory is the common case."""
+    conf = env.conf()
+    bogus = env.state.parent / "not-a-netns"
+    bogus.mkdir()
+    call = env.run("DEL", conf, netns=str(bogus))
+    assert not call.ok
+    assert str(bogus) in call.out["msg"], call.out
