@@ -35,6 +35,14 @@ def test_route_removed(env: Env) -> None:
 
 
 @checkable
+def test_route_gateway_changed(env: Env) -> None:
+    """prevResult's 198.18.0.0/15 has no gw, so it was added via the v4 gateway; another one is drift."""
+    conf = added(env)
+    env.topo.ip(env.pod, "route", "replace", "198.18.0.0/15", "via", "198.51.100.2", "dev", "net1")
+    error(env.run("CHECK", conf), 105, "net1", "198.18.0.0/15", "198.51.100.1")
+
+
+@checkable
 def test_mode_changed(env: Env) -> None:
     conf = added(env)
     env.topo.ip(env.pod, "link", "set", "net1", "type", "macvlan", "mode", "vepa")

@@ -166,3 +166,21 @@ def test_l2_only(env: Env, ipam: str) -> None:
     assert env.run("DEL", conf).ok
     assert env.pod_links() == ["lo"]
     assert env.calls() == []
+
+
+def test_mtu_defaults_to_master(env: Env) -> None:
+    jumbo = env.topo.add_uplink("u9", mtu=9000)
+    conf = env.conf(master=jumbo)
+    out = env.add(conf)
+    assert env.link()["mtu"] == 9000
+    if env.version == "1.1.0":
+        assert out["interfaces"][0]["mtu"] == 9000
+    assert env.run("DEL", conf).ok
+
+
+def test_dns_from_config_replaces_ipam_dns(env: Env) -> None:
+    dns = {"nameservers": ["198.51.100.54"], "search": ["example.test"]}
+    conf = env.conf(dns=dns)
+    out = env.add(conf)
+    assert out["dns"] == dns
+    assert env.run("DEL", conf).ok

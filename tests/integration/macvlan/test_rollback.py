@@ -86,3 +86,25 @@ def test_link_creation_rejected(env: Env) -> None:
 def assert_nothing_left_for_c1(env: Env) -> None:
     assert env.pod_links() == ["lo"]
     assert [c for c in env.calls() if c[1] == "c1"] == []
+
+
+def test_duplicate_address_detected(env: Env) -> None:
+    """Another pod on the master already holds the IPv6 address: DAD fails (104), and the ADD is
+    undone after IPAM ADD had succeeded."""
+    conf = env.conf(dad="on")
+    first = env.new_pod("q")
+    env.add({**conf, "dad": "off"}, netns=first, container_id="c0")  # its address is valid at once
+    call = env.run("ADD", conf)
+    error(call, 104, "net1", "2001:db8:1::5/64")
+    assert env.pod_links() == ["lo"]
+    assert env.allocations() == ["c0--net1"]
+    assert [c for c in env.calls() if c[1] == "c1"] == [("ADD", "c1", "net1"), ("DEL", "c1", "net1")]
+    assert env.run("DEL", conf, netns=first, container_id="c0").ok
+
+
+def test_failed_rollback_is_reported(env: Env) -> None:
+    """IPAM DEL fails during the rollback too: the caller still gets the original error, and its
+    details say the rollback is incomplete."""
+    call = env.run("ADD", env.conf(env.fake_ipam(failOn=["ADD", "DEL"])))
+    error(call, 11, "told to fail on ADD", "rollback incomplete", "told to fail on DEL")
+    assert env.pod_links() == ["lo"]

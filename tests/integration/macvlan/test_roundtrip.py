@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cni import spec
-from tests.integration.macvlan.harness import HOST_LOCAL_VERSIONS, V4_GW, V6_GW, Env, error
+from tests.integration.macvlan.harness import HOST_LOCAL_VERSIONS, V4_GW, V6_GW, Env, error, ipam_result
 
 DNS = {"nameservers": ["198.51.100.53"]}
 V4_ROUTE = {"dst": "198.18.0.0/15"}
@@ -99,3 +99,30 @@ def test_round_trip_with_host_local(env: Env) -> None:
     assert env.run("DEL", conf).ok
     assert env.pod_links() == ["lo"]
     assert env.host_local_ips() == []
+
+
+def test_default_routes(env: Env) -> None:
+    result = ipam_result()
+    result["routes"] = [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]
+    conf = env.conf(env.fake_ipam(result))
+    out = env.add(conf)
+    assert route(env.routes("-4"), "default")["gateway"] == V4_GW
+    assert route(env.routes("-6"), "default")["gateway"] == V6_GW
+    if spec.at_least(env.version, "0.4.0"):
+        assert env.run("CHECK", {**conf, "prevResult": out}).ok
+        env.topo.ip(env.pod, "-6", "route", "del", "default")
+        error(env.run("CHECK", {**conf, "prevResult": out}), 105, "::/0")
+    assert env.run("DEL", conf).ok
+
+
+@pytest.mark.parametrize("version", ["1.1.0"])  # route mtu/advmss/priority/table exist from 1.1.0 on
+def test_route_attributes(env: Env) -> None:
+    result = ipam_result()
+    result["routes"] = [{"dst": "198.18.0.0/15", "table": 100, "priority": 50, "mtu": 1400, "advmss": 1360}]
+    conf = env.conf(env.fake_ipam(result))
+    out = env.add(conf)
+    assert out["routes"] == result["routes"]
+    kernel = env.topo.ip(env.pod, "route", "show", "table", "100")
+    assert "198.18.0.0/15 via 198.51.100.1 dev net1 metric 50 mtu 1400 advmss 1360" in kernel
+    assert env.run("CHECK", {**conf, "prevResult": out}).ok
+    assert env.run("DEL", conf).ok
