@@ -167,6 +167,8 @@ def _delete_link(req: Request) -> None:
         link = links.get(nl, req.ifname)
         if link is None:
             log.debug("DEL %s: %s already gone", req.container_id, req.ifname)
+        elif link.name != req.ifname:  # the kernel also finds a link by an alternative name
+            log.warning("DEL %s: %s is an altname of %s; left alone", req.container_id, req.ifname, link.name)
         elif link.kind != "macvlan":
             kind = link.kind or "plain"
             log.warning("DEL %s: %s is a %s link, not ours; left alone", req.container_id, req.ifname, kind)

@@ -184,3 +184,17 @@ def test_dns_from_config_replaces_ipam_dns(env: Env) -> None:
     out = env.add(conf)
     assert out["dns"] == dns
     assert env.run("DEL", conf).ok
+
+
+def test_link_in_container_default_master(env: Env) -> None:
+    """With linkInContainer and no master, the default route is looked up in the pod."""
+    env.topo.ip(env.pod, "link", "add", "pm0", "type", "veth", "peer", "name", "pm0peer")
+    for dev in ("pm0", "pm0peer"):
+        env.topo.ip(env.pod, "link", "set", dev, "up")
+    env.topo.ip(env.pod, "addr", "add", "198.18.5.2/24", "dev", "pm0")
+    env.topo.ip(env.pod, "route", "add", "default", "via", "198.18.5.1")
+    conf = env.conf(master=None, linkInContainer=True)
+    env.add(conf)
+    assert env.link()["link"] == "pm0"
+    assert env.run("DEL", conf).ok
+    assert env.pod_links() == ["lo", "pm0", "pm0peer"]

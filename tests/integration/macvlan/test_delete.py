@@ -91,3 +91,27 @@ def test_del_netns_path_that_is_not_a_network_namespace(env: Env, kind: str) -> 
     error(env.run("DEL", conf, netns=path), 4, path, "not a network namespace")
     released(env)
     assert env.link()["linkinfo"]["info_kind"] == "macvlan"  # out of reach, so untouched
+
+
+def test_del_leaves_a_macvlan_with_that_altname_alone(env: Env) -> None:
+    """The kernel resolves a name through altnames too: a macvlan of someone else that merely carries
+    net1 as an alternative name is not the attachment's link."""
+    conf = env.conf()
+    other = f"{env.topo.tag}mv"
+    env.topo.ip(env.topo.host, "link", "add", other, "link", env.topo.uplink, "type", "macvlan")
+    env.topo.ip(env.topo.host, "link", "set", other, "netns", os.path.basename(env.pod))
+    env.topo.ip(env.pod, "link", "property", "add", "dev", other, "altname", "net1")
+    call = env.run("DEL", conf)
+    assert call.ok, call.out
+    assert env.pod_links() == ["lo", other]
+    released(env)
+
+
+def test_del_after_master_gone(env: Env) -> None:
+    """Deleting the uplink takes its macvlans with it; DEL still succeeds and releases the IPAM."""
+    conf = added(env)
+    env.topo.ip(env.topo.host, "link", "del", env.topo.uplink)
+    assert env.pod_links() == ["lo"]
+    call = env.run("DEL", conf)
+    assert call.ok, call.out
+    released(env)
