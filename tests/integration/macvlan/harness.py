@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cni import jsonio, spec
+from cni import jsonio, netns, spec, sysctl
 from tests.nsutil import REPO, Call, Topology, sh
 
 VERSIONS = spec.SUPPORTED
@@ -57,8 +57,12 @@ class Env:
     def new_pod(self, role: str) -> str:
         """A pod namespace (path) where IPv6 DAD starts without the random solicitation delay."""
         pod = self.topo.pod(role)
-        sh("ip", "netns", "exec", os.path.basename(pod), "sysctl", "-q", "-w",
-           "net.ipv6.conf.default.router_solicitation_delay=0")
+        fd = netns.open_netns(pod)
+        try:
+            with netns.entered(fd):  # /proc/sys/net belongs to the namespace of whoever opens it
+                sysctl.write("ipv6/conf/default/router_solicitation_delay", "0", quiet=False)
+        finally:
+            os.close(fd)
         return pod
 
     # ---- configs ------------------------------------------------------------------------------

@@ -36,9 +36,9 @@ def test_host_local_exhausted(env: Env) -> None:
 
 def test_route_rejected_by_kernel(env: Env) -> None:
     result = ipam_result()
-    result["routes"] = [{"dst": "198.18.0.0/15", "gw": "198.51.200.1"}]  # not on any subnet of the link
+    result["routes"] = [{"dst": "198.18.0.0/16", "gw": "198.19.0.1"}]  # not on any subnet of the link
     call = env.run("ADD", env.conf(env.fake_ipam(result)))
-    error(call, 103, "198.18.0.0/15", "198.51.200.1")
+    error(call, 103, "198.18.0.0/16", "198.19.0.1")
     assert_nothing_left(env)
     assert env.calls() == [("ADD", "c1", "net1"), ("DEL", "c1", "net1")]
 

@@ -72,3 +72,10 @@ def test_own_netns_refused(env: Env, command: str) -> None:
         error(call, 8, host_ns)
     assert env.topo.link(env.topo.host, victim) is not None
     assert env.calls() == []
+
+
+@v110
+def test_gc_without_ipam(env: Env) -> None:
+    call = env.run("GC", env.conf(ipam={}), netns="", ifname="", container_id="")
+    assert call.ok, call.out
+    assert env.calls() == []
