@@ -88,7 +88,7 @@ def _gateway(d: dict[str, Any], key: str, path: str, family: int) -> f.IPAddress
         return None
     gw = f.ip(value, f.join(path, key))
     if gw.version != family:
-        raise ConfigError(f"{f.join(path, key)}: {gw} is not an IPv{family} address like its subnet")
+        raise ConfigError(f"{f.join(path, key)}: {gw} is an IPv{gw.version} address in an IPv{family} entry")
     return gw
 
 

@@ -48,11 +48,10 @@ class Env:
     version: str
     state: Path
     pod: str = ""
-    extra_env: dict[str, str] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=lambda: {"PYCNI_FAKE_PYTHON": sys.executable})
 
     def __post_init__(self) -> None:
         self.pod = self.new_pod("p")
-        self.extra_env = {"PYCNI_FAKE_PYTHON": sys.executable}
 
     def new_pod(self, role: str) -> str:
         """A pod namespace (path) where IPv6 DAD starts without the random solicitation delay."""

@@ -142,7 +142,8 @@ def test_ifname_same_as_host_interface(env: Env) -> None:
     assert env.topo.link(env.topo.host, name) is not None
     assert env.run("DEL", conf, ifname=name).ok
     assert env.pod_links() == ["lo"]
-    assert env.topo.link(env.topo.host, name)["linkinfo"]["info_kind"] == "veth"  # type: ignore[index]
+    host_link = env.topo.link(env.topo.host, name)
+    assert host_link is not None and host_link["linkinfo"]["info_kind"] == "veth"
 
 
 @pytest.mark.parametrize("ipam", ["absent", "empty"])
