@@ -1,8 +1,8 @@
-"""Gratuitous ARP and unsolicited IPv6 neighbour advertisements for every address of a link.
+"""Gratuitous ARP and unsolicited IPv6 neighbour advertisements, sent through an AF_PACKET socket.
 
-The kernel's arp_notify announces only the primary IPv4 address, and ndisc_notify skips tentative
-addresses, so we send our own frames through an AF_PACKET socket (works while DAD is running).
-Open the socket while entered in the link's namespace."""
+cni.ifconfig decides which addresses are ours to announce and which the kernel announces (with
+arp_notify/ndisc_notify), so that each address is announced once. Never send an NA for a tentative
+address. Open the socket while entered in the link's namespace."""
 
 from __future__ import annotations
 

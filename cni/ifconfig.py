@@ -32,7 +32,9 @@ def _configure(nl: Netlink, index: int, result: Result, dad: str, notify: bool) 
         raise CniError(f"link {index} vanished while being configured", code=Code.NETLINK)
     name = link.name
     if notify:
-        sysctl.write(f"ipv4/conf/{name}/arp_notify", "1")
+        # IPv6: the kernel announces every address once it is usable (at link-up when DAD is off or
+        # optimistic, when DAD completes otherwise); one of ours would be a second NA, or an NA for a
+        # tentative address
         sysctl.write(f"ipv6/conf/{name}/ndisc_notify", "1")
     has_v6 = any(ip.version == 6 for ip in result.ips)
     if has_v6:
@@ -51,8 +53,19 @@ def _configure(nl: Netlink, index: int, result: Result, dad: str, notify: bool) 
     if dad == "on" and any(ip.version == 6 and ip.gateway for ip in result.ips):
         wait_dad(nl, index, name)
     _add_routes(nl, index, result)
-    if notify and result.ips:
-        announce.announce(name, link.mac, [ip.address.ip for ip in result.ips])
+    if notify:
+        _announce(name, link, result, dad)
+
+
+def _announce(name: str, link: links.Link, result: Result, dad: str) -> None:
+    """One gratuitous ARP per IPv4 address, sent by us; arp_notify only afterwards, so that the
+    kernel announces later MAC changes without repeating ours now. IPv6 addresses added while the
+    link was down are the kernel's (see above); on a link that was already up the kernel skips those
+    without DAD, so we announce them."""
+    ips = [ip.address.ip for ip in result.ips if ip.version == 4 or (link.up and dad != "on")]
+    if ips:
+        announce.announce(name, link.mac, ips)
+    sysctl.write(f"ipv4/conf/{name}/arp_notify", "1")
 
 
 def _add_routes(nl: Netlink, index: int, result: Result) -> None:

@@ -17,14 +17,19 @@ CLONE_NEWNET = 0x40000000
 NS_GET_NSTYPE = 0xB703
 
 
-def is_netns_fd(fd: int) -> bool:
-    """True when `fd` refers to a network namespace (the nsfs NS_GET_NSTYPE ioctl)."""
+def ns_type(fd: int) -> int | None:
+    """The CLONE_NEW* type of the namespace `fd` refers to (the nsfs NS_GET_NSTYPE ioctl); None when
+    it is no namespace at all."""
     import fcntl
 
     try:
-        return fcntl.ioctl(fd, NS_GET_NSTYPE) == CLONE_NEWNET
+        return fcntl.ioctl(fd, NS_GET_NSTYPE)
     except OSError:
-        return False
+        return None
+
+
+def is_netns_fd(fd: int) -> bool:
+    return ns_type(fd) == CLONE_NEWNET
 
 
 def open_netns(path: str) -> int:
@@ -36,10 +41,13 @@ def open_netns(path: str) -> int:
         raise NetnsGoneError(f"CNI_NETNS {path}: no such network namespace") from None
     except OSError as e:
         raise NetnsError(f"CNI_NETNS {path}: cannot open: {e.strerror}") from None
-    if is_netns_fd(fd):
+    kind = ns_type(fd)
+    if kind == CLONE_NEWNET:
         return fd
     st = os.fstat(fd)
     os.close(fd)
+    if kind is not None:  # e.g. /proc/<pid>/ns/mnt: looks like an empty file, but is a live namespace
+        raise NetnsError(f"CNI_NETNS {path}: a namespace, but not a network namespace")
     if os.path.isdir(path):
         raise NetnsError(f"CNI_NETNS {path}: is a directory, not a network namespace")
     if st.st_size == 0 and os.path.isfile(path):

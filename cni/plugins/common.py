@@ -42,9 +42,14 @@ def check_ips_and_routes(nl: Netlink, index: int, name: str, prev: Result, iface
         if ip.address not in present:
             raise CheckError(f"{name}: address {ip.address} from prevResult is missing")
     have = routes.dump(nl)
+    gateways = {}
+    for ip in reversed(prev.ips):  # a route without gw was added via its family's first gateway
+        if ip.gateway is not None:
+            gateways[ip.version] = ip.gateway
     for r in prev.routes:
-        if not any(k.dst == r.dst and (r.gw is None or k.gw == r.gw) for k in have):
-            raise CheckError(f"{name}: route {r.dst} via {r.gw or 'link'} from prevResult is missing")
+        gw = r.gw if r.gw is not None else gateways.get(r.dst.version)
+        if not any(k.dst == r.dst and (gw is None or k.gw == gw) for k in have):
+            raise CheckError(f"{name}: route {r.dst} via {gw or 'link'} from prevResult is missing")
 
 
 def opt_bool(conf: dict[str, Any], key: str, default: bool = False) -> bool:

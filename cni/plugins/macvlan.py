@@ -7,7 +7,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cni import delegate, ifconfig, log, netns
-from cni.errors import CheckError, ConfigError, InterfaceExistsError, NetnsGoneError, NotAvailableError
+from cni.errors import (
+    CheckError,
+    ConfigError,
+    InterfaceExistsError,
+    NetnsError,
+    NetnsGoneError,
+    NotAvailableError,
+)
 from cni.netlink import links, routes
 from cni.netlink.socket import EEXIST, Netlink, NetlinkError, opened
 from cni.plugins import common
@@ -120,8 +127,10 @@ def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl
             links.set_up(pod_nl, link.index)
             undo.commit()
             return Result(interfaces=(iface,), dns=conf.dns)
-        ipam_result = common.ipam_add(req)
+        # pushed first: the spec asks for a DEL after a failed ADD too, and an IPAM that exited 0 with
+        # output we cannot use may still hold an allocation
         undo.push("release the IPAM allocation", delegate.delete, req)
+        ipam_result = common.ipam_add(req)
         result = ipam_result.with_interface(iface)
         if conf.dns:
             result = Result(result.interfaces, result.ips, result.routes, conf.dns)
@@ -134,27 +143,37 @@ def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl
 
 
 def delete(req: Request) -> None:
-    """Remove the link if it is ours (a macvlan), then release IPAM. Missing netns or link: fine."""
+    """Remove the link if it is ours (a macvlan), then release IPAM. Missing netns or link: fine.
+    A CNI_NETNS that is no network namespace is an error, reported after the IPAM release: no retry
+    can ever reach that link, and the address must not leak (the reference releases first too)."""
     common.setup_logging(req.conf, "macvlan")
-    if req.netns:
-        try:
-            with netns.opened(req.netns) as ns_fd, opened(ns_fd) as nl:
-                link = links.get(nl, req.ifname)
-                if link is None:
-                    log.debug("DEL %s: %s already gone", req.container_id, req.ifname)
-                elif link.kind != "macvlan":
-                    log.warning(
-                        "DEL %s: %s is a %s link, not ours; left alone",
-                        req.container_id,
-                        req.ifname,
-                        link.kind or "plain",
-                    )
-                else:
-                    links.delete(nl, link.index)
-        except NetnsGoneError as e:
-            log.info("DEL %s: %s; nothing to remove there", req.container_id, e.msg)
+    unreachable: NetnsError | None = None
+    try:
+        _delete_link(req)
+    except NetnsGoneError as e:
+        log.info("DEL %s: %s; nothing to remove there", req.container_id, e.msg)
+    except NetnsError as e:
+        unreachable = e
     if req.ipam() is not None:
         delegate.delete(req)
+    if unreachable is not None:
+        raise unreachable
+
+
+def _delete_link(req: Request) -> None:
+    if not req.netns:
+        return
+    with netns.opened(req.netns) as ns_fd, opened(ns_fd) as nl:
+        link = links.get(nl, req.ifname)
+        if link is None:
+            log.debug("DEL %s: %s already gone", req.container_id, req.ifname)
+        elif link.name != req.ifname:  # the kernel also finds a link by an alternative name
+            log.warning("DEL %s: %s is an altname of %s; left alone", req.container_id, req.ifname, link.name)
+        elif link.kind != "macvlan":
+            kind = link.kind or "plain"
+            log.warning("DEL %s: %s is a %s link, not ours; left alone", req.container_id, req.ifname, kind)
+        else:
+            links.delete(nl, link.index)
 
 
 def check(req: Request) -> None:

@@ -81,9 +81,15 @@ def parse_dns(d: Any, path: str) -> DNS:
     return DNS(strs("nameservers"), f.opt(d, "domain", str, path, ""), strs("search"), strs("options"))
 
 
-def _gateway(d: dict[str, Any], key: str, path: str) -> f.IPAddress | None:
+def _gateway(d: dict[str, Any], key: str, path: str, family: int) -> f.IPAddress | None:
+    """d[key] as an address of IP version `family` (that of the address or route it belongs to)."""
     value = d.get(key)
-    return None if value in (None, "") else f.ip(value, f.join(path, key))
+    if value in (None, ""):
+        return None
+    gw = f.ip(value, f.join(path, key))
+    if gw.version != family:
+        raise ConfigError(f"{f.join(path, key)}: {gw} is an IPv{gw.version} address in an IPv{family} entry")
+    return gw
 
 
 def parse_route(d: Any, path: str) -> Route:
@@ -91,7 +97,7 @@ def parse_route(d: Any, path: str) -> Route:
     dst = f.network(f.req(d, "dst", str, path), f.join(path, "dst"))
     return Route(
         dst=dst,
-        gw=_gateway(d, "gw", path),
+        gw=_gateway(d, "gw", path, dst.version),
         mtu=f.int_range(d, "mtu", path, 0, 2**31 - 1, 0),
         advmss=f.int_range(d, "advmss", path, 0, 2**31 - 1, 0),
         priority=f.int_range(d, "priority", path, 0, 2**32 - 1, 0),
@@ -117,9 +123,10 @@ def _parse_v02(d: dict[str, Any], path: str) -> Result:
         bpath = f.join(path, key)
         f.typed(block, dict, bpath)
         address = f.cidr(f.req(block, "ip", str, bpath), f.join(bpath, "ip"))
-        if address.version != int(key[-1]):
-            raise ConfigError(f"{f.join(bpath, 'ip')}: {f.show(block['ip'])} is not an IPv{key[-1]} address")
-        ips.append(IPConfig(address, _gateway(block, "gateway", bpath)))
+        family = 4 if key == "ip4" else 6
+        if address.version != family:
+            raise ConfigError(f"{f.join(bpath, 'ip')}: {f.show(block['ip'])} is not an IPv{family} address")
+        ips.append(IPConfig(address, _gateway(block, "gateway", bpath, family)))
         routes.extend(_routes(block.get("routes"), f.join(bpath, "routes")))
     return Result(ips=tuple(ips), routes=tuple(routes), dns=parse_dns(d.get("dns"), f.join(path, "dns")))
 
@@ -148,7 +155,7 @@ def _parse_ip(d: Any, path: str, n_ifaces: int) -> IPConfig:
     # an IPAM result has no interfaces, so any index >= 0 is accepted there
     if iface is not None and (iface < 0 or (n_ifaces and iface >= n_ifaces)):
         raise ConfigError(f"{f.join(path, 'interface')}: index {iface} out of range (interfaces: {n_ifaces})")
-    return IPConfig(address, _gateway(d, "gateway", path), iface)
+    return IPConfig(address, _gateway(d, "gateway", path, address.version), iface)
 
 
 def parse(d: Any, version: str, path: str = "result") -> Result:
