@@ -38,8 +38,8 @@ def main() -> int:
                 step(f"pod {i}: net1 {call.out['interfaces'][0]['mac']} {ips}")
             target = pods[1][2]["ips"][0]["address"].split("/")[0]
             step(f"ping from pod 1 to pod 2 ({target})")
-            ping = nsutil.sh("ip", "netns", "exec", pods[0][0].rsplit("/", 1)[1], "ping", "-c", "3", "-W", "2",
-                             target, check=False)
+            ping = nsutil.sh("ip", "netns", "exec", pods[0][0].rsplit("/", 1)[1],
+                             "ping", "-c", "3", "-W", "2", target, check=False)
             print(ping.stdout.strip())
             for pod, cid, _ in pods:
                 if not topo.run("macvlan", "DEL", conf, netns=pod, container_id=cid).ok:

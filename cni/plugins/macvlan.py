@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cni import delegate, ifconfig, log, netns
@@ -122,9 +122,10 @@ def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl
             return Result(interfaces=(iface,), dns=conf.dns)
         ipam_result = common.ipam_add(req)
         undo.push("release the IPAM allocation", delegate.delete, req)
-        result = ipam_result.with_interface(iface)
-        if conf.dns:
-            result = Result(result.interfaces, result.ips, result.routes, conf.dns)
+        # The config's dns replaces whatever the IPAM returned, even when empty, as in the reference
+        # (`result.DNS = n.DNS`): runtimes write resolv.conf from it, so passing the IPAM's through
+        # would change pods that move from the Go plugin to this one.
+        result = replace(ipam_result.with_interface(iface), dns=conf.dns)
         ifconfig.configure(ns_fd, link.index, result, dad=conf.dad)
         undo.commit()
     log.info(
@@ -189,8 +190,7 @@ def _check_link(link: links.Link, conf: MacvlanConf, iface: Interface, master: l
         raise CheckError(f"{name}: MAC {link.mac} does not match prevResult {iface.mac}")
     if link.parent != master.index:
         raise CheckError(f"{name}: its master is link {link.parent}, not {master.name} ({master.index})")
-    if conf.mtu and link.mtu != conf.mtu:
-        raise CheckError(f"{name}: MTU {link.mtu} does not match the configured {conf.mtu}")
+    # No MTU check: a plugin chained after us (tuning) may change it, and CHECK must allow that.
 
 
 def status(req: Request) -> None:
