@@ -32,7 +32,7 @@ class Scenario:
     """A conflist builder (version, master, host-local dataDir -> conflist) and how to look at it."""
 
     build: Callable[[str, str, str], dict[str, Any]]
-    random_mac: bool = True
+    mac: str = ""  # the MAC the link must end up with; "" when the kernel picks one at random
     sysctl_keys: tuple[str, ...] = ()
     cni_args: str = ""
     cap_args: dict[str, Any] | None = None
@@ -102,16 +102,16 @@ def _mac_sources(version: str, master: str, data_dir: str) -> dict[str, Any]:
 
 
 SCENARIOS = {
-    "host-local+tuning": Scenario(_hostlocal_tuning, random_mac=False,
+    "host-local+tuning": Scenario(_hostlocal_tuning, mac=TUNED_MAC,
                                   sysctl_keys=("net.ipv4.conf.net1.arp_filter",)),
     "dual-stack+dad": Scenario(_dualstack_dad, sysctl_keys=(
         "net.ipv6.conf.net1.hop_limit", "net.ipv6.conf.net1.disable_ipv6",
         "net.ipv6.conf.net1.keep_addr_on_down", "net.ipv6.conf.lo.disable_ipv6")),
-    "static+dns": Scenario(_static_dns, random_mac=False, sysctl_keys=(
+    "static+dns": Scenario(_static_dns, mac=CONFIG_MAC, sysctl_keys=(
         "net.ipv4.conf.net1.arp_ignore", "net.ipv6.conf.net1.keep_addr_on_down")),
     "config-dns+passthru": Scenario(_static_config_dns),
     "l2-only": Scenario(_l2_only, min_version="0.3.0"),
-    "mac-precedence": Scenario(_mac_sources, random_mac=False,
+    "mac-precedence": Scenario(_mac_sources, mac=CAP_MAC,
                                cni_args="IgnoreUnknown=true;K8S_POD_NAMESPACE=e2e;K8S_POD_NAME=pod;"
                                         "MAC=02:00:5e:c0:00:04",
                                cap_args={"mac": CAP_MAC}),
@@ -132,10 +132,12 @@ def test_same_as_reference(e2e: E2E, scenario: str, version: str) -> None:
     def make(data_dir: str) -> dict[str, Any]:
         return s.build(version, e2e.topo.uplink, data_dir)
 
-    kw: dict[str, Any] = {"random_mac": s.random_mac, "sysctl_keys": s.sysctl_keys, "cni_args": s.cni_args,
+    kw: dict[str, Any] = {"random_mac": not s.mac, "sysctl_keys": s.sysctl_keys, "cni_args": s.cni_args,
                           "cap_args": s.cap_args}
     ref = e2e.attach(e2e.reference, make, **kw)
     ours = e2e.attach(e2e.pycni, make, **kw)
     assert ref.add.ok, f"the reference failed, the scenario is wrong: {ref.add.out} {ref.add.stderr}"
     diffs = compare(ref, ours)
+    if s.mac:
+        assert ours.state["real_mac"] == s.mac, f"pycni's link has MAC {ours.state['real_mac']}, not {s.mac}"
     assert not diffs, "pycni differs from Debian's macvlan:\n  " + "\n  ".join(diffs)
