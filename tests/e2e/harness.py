@@ -18,19 +18,6 @@ ARP_KEYS = ("net.ipv4.conf.{if}.arp_notify", "net.ipv6.conf.{if}.ndisc_notify")
 
 
 @dataclass
-class Attachment:
-    """What one side did with one conflist, as compare() needs it."""
-
-    run: Session
-    add: Call
-    result: Any = None
-    state: dict[str, Any] = field(default_factory=dict)
-    check: Call | None = None
-    dels: list[Call] = field(default_factory=list)
-    after_del: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
 class Session:
     """One attachment (a conflist, a pod namespace, CNI_ARGS...) of one side; `call` runs a libcni verb."""
 
@@ -56,6 +43,19 @@ class Session:
             return []
         return sorted(str(p.relative_to(self.data_dir)) for p in self.data_dir.rglob("*")
                       if p.is_file() and p.name != "lock" and not p.name.startswith("last_reserved_ip"))
+
+
+@dataclass
+class Attachment:
+    """What one side did with one conflist, as compare() needs it."""
+
+    run: Session
+    add: Call
+    result: Any = None
+    state: dict[str, Any] = field(default_factory=dict)
+    check: Call | None = None
+    dels: list[Call] = field(default_factory=list)
+    after_del: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
