@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv deps lint typecheck unit test demo bench driver clean
+.PHONY: all venv deps lint typecheck unit e2e test demo bench driver clean
 all: venv
 
 $(STAMP): pyproject.toml
@@ -23,7 +23,7 @@ deps:
 	bash .ci/apt-deps
 
 driver: $(VENV)/bin/cnidriver
-$(VENV)/bin/cnidriver: tests/e2e/driver/main.go | venv
+$(VENV)/bin/cnidriver: tests/e2e/driver/main.go tests/e2e/driver/build.sh | venv
 	bash tests/e2e/driver/build.sh $@
 
 lint: venv
@@ -33,6 +33,10 @@ lint: venv
 unit: venv
 	$(VENV)/bin/pytest -q tests/unit
 
+# e2e: our plugins against Debian's through real libcni (root; PYCNI_PLUGIN_DIR=dist/cni-bin for frozen)
+e2e: deps venv driver
+	$(VENV)/bin/pytest -q tests/e2e
+
 test: deps venv driver lint
 	$(VENV)/bin/pytest -q tests
 
@@ -40,7 +44,7 @@ demo: deps venv
 	$(PY) -m tests.demo
 
 bench: deps venv driver
-	$(PY) -m tests.bench.macvlan
+	$(PY) -m tests.bench.macvlan $(if $(N),-n $(N))
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

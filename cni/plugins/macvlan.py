@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import secrets
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cni import delegate, ifconfig, log, netns
@@ -98,7 +98,7 @@ def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl
     if links.get(pod_nl, req.ifname) is not None:
         raise InterfaceExistsError(f'CNI_IFNAME "{req.ifname}" already exists in {req.netns}')
     with Undo() as undo:
-        tmp = "pc" + secrets.token_hex(4)
+        tmp = "pc" + os.urandom(4).hex()  # not `secrets`: its hmac/hashlib imports cost 5-9 ms a call
         links.create_macvlan(
             master_nl,
             tmp,
@@ -131,9 +131,10 @@ def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl
         # output we cannot use may still hold an allocation
         undo.push("release the IPAM allocation", delegate.delete, req)
         ipam_result = common.ipam_add(req)
-        result = ipam_result.with_interface(iface)
-        if conf.dns:
-            result = Result(result.interfaces, result.ips, result.routes, conf.dns)
+        # The config's dns replaces whatever the IPAM returned, even when empty, as in the reference
+        # (`result.DNS = n.DNS`): runtimes write resolv.conf from it, so passing the IPAM's through
+        # would change pods that move from the Go plugin to this one.
+        result = replace(ipam_result.with_interface(iface), dns=conf.dns)
         ifconfig.configure(ns_fd, link.index, result, dad=conf.dad)
         undo.commit()
     log.info(
@@ -208,8 +209,7 @@ def _check_link(link: links.Link, conf: MacvlanConf, iface: Interface, master: l
         raise CheckError(f"{name}: MAC {link.mac} does not match prevResult {iface.mac}")
     if link.parent != master.index:
         raise CheckError(f"{name}: its master is link {link.parent}, not {master.name} ({master.index})")
-    if conf.mtu and link.mtu != conf.mtu:
-        raise CheckError(f"{name}: MTU {link.mtu} does not match the configured {conf.mtu}")
+    # No MTU check: a plugin chained after us (tuning) may change it, and CHECK must allow that.
 
 
 def status(req: Request) -> None:
