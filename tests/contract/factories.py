@@ -1,0 +1,49 @@
+"""Store factories for the contract suite. A new store joins the suite by adding one entry to FACTORIES:
+a context manager that, given a temp dir, yields a `Factory`.
+
+A Factory opens any number of handles onto ONE shared backend (`open()`; each handle is used by one
+thread), and one handle onto a backend that cannot be reached (`unreachable()`: every method must raise
+StoreUnavailable). Factories that need something the machine lacks raise pytest.skip with the reason."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Protocol
+
+from ipam.store.base import Store
+
+
+class Factory(Protocol):
+    def open(self) -> Store: ...
+
+    def unreachable(self) -> Store: ...
+
+
+class _Memory:
+    def __init__(self) -> None:
+        from ipam.store.memory import Backend
+
+        self.backend = Backend()
+
+    def open(self) -> Store:
+        from ipam.store.memory import MemoryStore
+
+        return MemoryStore(self.backend)
+
+    def unreachable(self) -> Store:
+        from ipam.store.memory import Backend, MemoryStore
+
+        return MemoryStore(Backend(down=True))
+
+
+@contextlib.contextmanager
+def memory(tmp: Path) -> Iterator[Factory]:
+    yield _Memory()
+
+
+FACTORIES: dict[str, Callable[[Path], AbstractContextManager[Factory]]] = {
+    "memory": memory,
+}
