@@ -44,6 +44,31 @@ def memory(tmp: Path) -> Iterator[Factory]:
     yield _Memory()
 
 
+
+class _Local:
+    def __init__(self, tmp: Path) -> None:
+        self.path = tmp / "state" / "whereabouts.db"
+        self.tmp = tmp
+
+    def open(self) -> Store:
+        from ipam.store.local import LocalStore
+
+        return LocalStore(str(self.path))
+
+    def unreachable(self) -> Store:
+        from ipam.store.local import LocalStore
+
+        blocker = self.tmp / "not-a-directory"
+        blocker.write_text("")
+        return LocalStore(str(blocker / "whereabouts.db"))
+
+
+@contextlib.contextmanager
+def local(tmp: Path) -> Iterator[Factory]:
+    yield _Local(tmp)
+
+
 FACTORIES: dict[str, Callable[[Path], AbstractContextManager[Factory]]] = {
     "memory": memory,
+    "local": local,
 }
