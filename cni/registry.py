@@ -5,6 +5,7 @@ from __future__ import annotations
 
 PLUGINS: dict[str, str] = {
     "macvlan": "cni.plugins.macvlan",
+    "whereabouts": "ipam.plugin",
 }
 
 # Modules imported lazily on some path (not visible to PyInstaller's import scan).
@@ -16,4 +17,4 @@ def module_for(name: str) -> str | None:
 
 
 # IPAM types served in-process when CNI_PATH resolves to this bundle (see cni.delegate).
-IN_PROCESS_IPAM: dict[str, str] = {}
+IN_PROCESS_IPAM: dict[str, str] = {"whereabouts": "ipam.plugin"}

@@ -86,8 +86,12 @@ def pool_from_object(obj: dict[str, Any], version: str | None = None) -> Pool:
         allocations[str(key)] = Allocation(
             str(entry.get("id", "")), str(entry.get("podref", "")), str(entry.get("ifname", "")), *extras
         )
-    return Pool(str(meta.get("name", "")), str(spec.get("range", "")), allocations,
-                version if version is not None else meta.get("resourceVersion"))
+    return Pool(
+        str(meta.get("name", "")),
+        str(spec.get("range", "")),
+        allocations,
+        version if version is not None else meta.get("resourceVersion"),
+    )
 
 
 def reservation_to_object(res: Reservation, namespace: str) -> dict[str, Any]:
@@ -108,8 +112,13 @@ def reservation_from_object(obj: dict[str, Any], version: str | None = None) -> 
     spec = obj.get("spec") or {}
     notes = meta.get("annotations") or {}
     owner = Allocation(
-        str(spec.get("containerid", "")), str(spec.get("podref", "")), str(spec.get("ifname", "")),
-        str(notes.get(RES_UID, "")), str(notes.get(RES_NETWORK, "")), str(notes.get(RES_NODE, "")),
+        str(spec.get("containerid", "")),
+        str(spec.get("podref", "")),
+        str(spec.get("ifname", "")),
+        str(notes.get(RES_UID, "")),
+        str(notes.get(RES_NETWORK, "")),
+        str(notes.get(RES_NODE, "")),
     )
-    return Reservation(str(meta.get("name", "")), owner,
-                       version if version is not None else meta.get("resourceVersion"))
+    return Reservation(
+        str(meta.get("name", "")), owner, version if version is not None else meta.get("resourceVersion")
+    )

@@ -60,8 +60,9 @@ class LocalStore:
         except OSError as e:
             raise StoreUnavailable(f"local store {self.path}: {e.strerror}") from None
         try:
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None,
-                                   check_same_thread=False)
+            conn = sqlite3.connect(
+                self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+            )
             conn.execute("PRAGMA synchronous = FULL")
             if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
                 _initialise(conn)
@@ -112,11 +113,15 @@ class LocalStore:
                 conn.execute("INSERT INTO pools VALUES (?, ?, ?)", (pool.name, pool.range, version))
             else:
                 conn.execute("UPDATE pools SET version = ? WHERE name = ?", (version, pool.name))
-            conn.executemany("DELETE FROM allocations WHERE pool = ? AND offset = ?",
-                             [(pool.name, k) for k in update.remove])
-            conn.executemany(f"INSERT OR REPLACE INTO allocations (pool, offset, {_OWNER}) "
-                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                             [(pool.name, k, *a) for k, a in update.put.items()])
+            conn.executemany(
+                "DELETE FROM allocations WHERE pool = ? AND offset = ?",
+                [(pool.name, k) for k in update.remove],
+            )
+            conn.executemany(
+                f"INSERT OR REPLACE INTO allocations (pool, offset, {_OWNER}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(pool.name, k, *a) for k, a in update.put.items()],
+            )
             return str(version)
 
     def iter_pools(self) -> Iterator[Pool]:
@@ -129,8 +134,9 @@ class LocalStore:
         last = ""
         while True:
             with self._tx(write=False) as conn:
-                rows = conn.execute(f"SELECT name FROM {table} WHERE name > ? ORDER BY name LIMIT ?",
-                                    (last, PAGE)).fetchall()
+                rows = conn.execute(
+                    f"SELECT name FROM {table} WHERE name > ? ORDER BY name LIMIT ?", (last, PAGE)
+                ).fetchall()
             yield from (r[0] for r in rows)
             if len(rows) < PAGE:
                 return
@@ -146,8 +152,11 @@ class LocalStore:
         with self._tx(write=True) as conn:
             self._check_reservation(conn, res)
             version = self._next_version(conn)
-            conn.execute(f"INSERT OR REPLACE INTO reservations (name, {_OWNER}, version) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (res.name, *res.owner, version))
+            conn.execute(
+                f"INSERT OR REPLACE INTO reservations (name, {_OWNER}, version) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (res.name, *res.owner, version),
+            )
             return str(version)
 
     def delete_reservation(self, res: Reservation) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 
+from cni.errors import ConfigError
 from ipam.config import StoreConfig
 from ipam.store.base import Store
 
@@ -13,6 +14,11 @@ MODULES = {"local": "ipam.store.local", "kubernetes": "ipam.store.kube", "etcd":
 
 
 def open_store(conf: StoreConfig) -> Store:
-    module = importlib.import_module(MODULES[conf.datastore])
+    try:
+        module = importlib.import_module(MODULES[conf.datastore])
+    except ModuleNotFoundError as e:
+        raise ConfigError(
+            f'ipam.datastore: "{conf.datastore}" is not available in this build ({e.name})'
+        ) from None
     store: Store = module.open_store(conf)
     return store

@@ -44,7 +44,6 @@ def memory(tmp: Path) -> Iterator[Factory]:
     yield _Memory()
 
 
-
 class _Local:
     def __init__(self, tmp: Path) -> None:
         self.path = tmp / "state" / "whereabouts.db"

@@ -18,8 +18,12 @@ B = Allocation("b" * 64, "default/pod-b", "net2")  # as upstream writes it: no p
 C = Allocation("c" * 64, "ns-c/pod-c", "net1", "uid-c")
 
 
-def create(store: Store, name: str = "198.51.100.0-24", rng: str = "198.51.100.0/24",
-           put: dict[str, Allocation] | None = None) -> str:
+def create(
+    store: Store,
+    name: str = "198.51.100.0-24",
+    rng: str = "198.51.100.0/24",
+    put: dict[str, Allocation] | None = None,
+) -> str:
     return store.commit_pool(Pool(name, rng), PoolUpdate(put=put or {}))
 
 
