@@ -149,7 +149,7 @@ def from_dict(d: dict[str, Any], path: str = "ipam") -> IpamConfig:
         addresses=_addresses(d, path),
         overlapping=bool(f.opt(d, "enable_overlapping_ranges", bool, path, True)),
         network_name=_network_name(d, path),
-        store=_store(d, path),
+        store=store_config(d, path),
         log_file=f.opt(d, "log_file", str, path, ""),
         log_level=f.opt(d, "log_level", str, path, ""),
         reconciler_cron_expression=f.opt(d, "reconciler_cron_expression", str, path, ""),
@@ -222,7 +222,8 @@ def _network_name(d: dict[str, Any], path: str) -> str:
     return str(name)
 
 
-def _store(d: dict[str, Any], path: str) -> StoreConfig:
+def store_config(d: dict[str, Any], path: str = "ipam") -> StoreConfig:
+    """Only the store part of an ipam section (the operator CLI needs no range)."""
     kube = f.opt(d, "kubernetes", dict, path, {})
     kpath = f.join(path, "kubernetes")
     k = KubernetesConf(f.opt(kube, "kubeconfig", str, kpath, ""), f.opt(kube, "k8s_api_root", str, kpath, ""))
