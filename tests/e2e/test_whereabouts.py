@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 
 from cni import jsonio
 from ipam.store.local import LocalStore
+from tests.ipamutil import write_wrappers
 from tests.nsutil import REPO, Topology, sh
 
 DRIVER = REPO / ".venv" / "bin" / "cnidriver"
@@ -31,13 +31,7 @@ def driver() -> Path:
 @pytest.fixture
 def bindir(tmp_path: Path) -> Path:
     """A CNI_PATH dir with `whereabouts` (and `pymacvlan`, our macvlan) running from source."""
-    d = tmp_path / "bin"
-    d.mkdir()
-    for name, plugin in (("whereabouts", "whereabouts"), ("pymacvlan", "macvlan")):
-        script = d / name
-        script.write_text(f'#!/bin/sh\nPYTHONPATH="{REPO}" exec "{sys.executable}" -m cni {plugin}\n')
-        script.chmod(0o755)
-    return d
+    return write_wrappers(tmp_path / "bin", {"whereabouts": "whereabouts", "pymacvlan": "macvlan"})
 
 
 @pytest.fixture
