@@ -1,19 +1,20 @@
-"""Pure allocation: (range, pool snapshot, owner) -> the address and the pool update to commit.
+"""Pure allocation: (range, pool view, owner) -> the address and the pool update to commit.
 
-Lowest free address in O(k log n) for k segments and n allocations: within a segment [lo, hi] the
-taken offsets are sorted and distinct, so "taken[j] == lo + j" holds for a prefix of them and a binary
-search finds where it first fails. Nothing ever walks the range address by address."""
+A view is a store's direct answer (ipam.store.local) or `SnapshotView` over a loaded pool. In a
+snapshot the lowest free address costs O(k log n) for k segments and n allocations: within a segment
+[lo, hi] the taken offsets are sorted and distinct, so "taken[j] == lo + j" holds for a prefix of them
+and a binary search finds where it first fails. Nothing ever walks the range address by address."""
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from cni import log
 from cni.errors import ExhaustedError
-from ipam.ranges import IPRange, Segment
-from ipam.store.base import Allocation, Pool, PoolUpdate
+from ipam.ranges import IPRange
+from ipam.store.base import Allocation, Pool, PoolUpdate, PoolView, Segment
 
 
 @dataclass(frozen=True)
@@ -55,52 +56,83 @@ def lowest_free(segments: Iterable[Segment], taken: list[int]) -> int | None:
     return None
 
 
-def find(pool: Pool, owner: Allocation) -> tuple[str, Allocation] | None:
-    """The allocation of this attachment (container id and ifname), lowest offset first."""
-    hits = [(k, a) for k, a in pool.allocations.items() if a.same_attachment(owner)]
-    return min(hits, key=lambda kv: (len(kv[0]), kv[0])) if hits else None
+class SnapshotView:
+    """PoolView over a loaded Pool."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self._taken: list[int] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.pool.name
+
+    @property
+    def range(self) -> str:
+        return self.pool.range
+
+    @property
+    def version(self) -> str | None:
+        return self.pool.version
+
+    def count(self) -> int:
+        return len(self.pool.allocations)
+
+    def owned(self, owner: Allocation, by_pod: bool = False) -> list[tuple[str, Allocation]]:
+        match = owner.same_pod_interface if by_pod else owner.same_attachment
+        return sorted(((k, a) for k, a in self.pool.allocations.items() if match(a)), key=_numeric)
+
+    def lowest_free(self, segments: Sequence[Segment], blocked: Set[int]) -> int | None:
+        if self._taken is None:
+            self._taken = offsets(self.pool.allocations)
+        taken = sorted(set(self._taken) | set(blocked)) if blocked else self._taken
+        return lowest_free(segments, taken)
 
 
-def find_takeover(pool: Pool, owner: Allocation) -> tuple[str, Allocation] | None:
-    """An allocation of the same pod and ifname under another container id (kubelet re-ADD)."""
-    if not owner.podref:
-        return None
-    hits = [(k, a) for k, a in pool.allocations.items() if a.same_pod_interface(owner)]
-    return min(hits, key=lambda kv: (len(kv[0]), kv[0])) if hits else None
+def _numeric(item: tuple[str, Allocation]) -> tuple[int, str]:
+    return len(item[0]), item[0]
 
 
 def segments_as_offsets(rng: IPRange) -> list[Segment]:
     return [(lo - rng.base, hi - rng.base) for lo, hi in rng.segments]
 
 
-def allocate(rng: IPRange, pool: Pool, owner: Allocation, blocked: Iterable[int] = ()) -> Decision:
+def allocate(
+    rng: IPRange, pool: PoolView | Pool, owner: Allocation, blocked: Set[int] = frozenset()
+) -> Decision:
     """The owner's address in this pool. `blocked`: offsets held elsewhere (overlapping ranges)."""
-    mine = find(pool, owner)
-    if mine is not None:
-        return Decision(int(mine[0]), "existing", PoolUpdate())
-    old = find_takeover(pool, owner)
-    if old is not None:
+    view = SnapshotView(pool) if isinstance(pool, Pool) else pool
+    mine = view.owned(owner)
+    if mine:
+        return Decision(int(mine[0][0]), "existing", PoolUpdate())
+    old = view.owned(owner, by_pod=True) if owner.podref else []
+    if old:
+        key, prev = old[0]
         log.info(
             "%s %s: taking over %s from container %s",
             owner.podref,
             owner.ifname,
-            rng.address(int(old[0])),
-            old[1].container_id,
+            rng.address(int(key)),
+            prev.container_id,
         )
-        return Decision(int(old[0]), "takeover", PoolUpdate(put={old[0]: owner}))
-    taken = offsets(pool.allocations)
-    extra = set(blocked)
-    if extra:
-        taken = sorted(set(taken) | extra)
-    offset = lowest_free(segments_as_offsets(rng), taken)
+        return Decision(int(key), "takeover", PoolUpdate(put={key: owner}))
+    offset = view.lowest_free(segments_as_offsets(rng), blocked)
     if offset is None:
         raise ExhaustedError(
             f"no free address in {rng.describe()}",
-            f"{len(pool.allocations)} of {rng.size} allocated in pool {pool.name}",
+            f"{view.count()} of {rng.size} allocated in pool {view.name}",
         )
     return Decision(offset, "new", PoolUpdate(put={str(offset): owner}))
 
 
-def release(pool: Pool, owner: Allocation) -> PoolUpdate:
+def release(pool: PoolView | Pool, owner: Allocation) -> PoolUpdate:
     """Remove every allocation of this attachment (container id and ifname)."""
-    return PoolUpdate(remove=frozenset(k for k, a in pool.allocations.items() if a.same_attachment(owner)))
+    view = SnapshotView(pool) if isinstance(pool, Pool) else pool
+    return PoolUpdate(remove=frozenset(k for k, _ in view.owned(owner)))
+
+
+def find(pool: PoolView | Pool, owner: Allocation) -> tuple[str, Allocation] | None:
+    """The allocation of this attachment, lowest offset first."""
+    view = SnapshotView(pool) if isinstance(pool, Pool) else pool
+    mine = view.owned(owner)
+    return mine[0] if mine else None

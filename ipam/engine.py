@@ -9,6 +9,7 @@ reconciler free it once the owner is gone."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -18,9 +19,19 @@ from typing import TypeVar
 from cni import log
 from cni.errors import CheckError, CniError, Code, TryAgainError
 from ipam import allocator
+from ipam.allocator import SnapshotView
 from ipam.config import IpamConfig
 from ipam.ranges import IPRange
-from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, Store, StoreUnavailable
+from ipam.store.base import (
+    Allocation,
+    Conflict,
+    Pool,
+    PoolUpdate,
+    PoolView,
+    Reservation,
+    Store,
+    StoreUnavailable,
+)
 from ipam.store.names import pool_name, reservation_name
 
 T = TypeVar("T")
@@ -31,7 +42,7 @@ class Retry:
     deadline: float = 30.0  # seconds for one range under contention
     outage: float = 3.0  # how long an unreachable store is retried before code 11
     base: float = 0.004  # first backoff; doubles per conflict, full jitter
-    cap: float = 0.25
+    cap: float = 1.0
 
 
 class _Blocked(Exception):
@@ -92,16 +103,26 @@ class Engine:
                 conflicts += 1
             self.sleep(self.rand() * min(self.retry.cap, self.retry.base * 2 ** min(conflicts, 16)))
 
-    def _load(self, rng: IPRange) -> Pool:
+    def _view(self, rng: IPRange) -> PoolView:
+        """The pool as allocation sees it: the store's own view (inside `exclusive()`), else a snapshot."""
         name = self.pool_name(rng)
-        pool = self.store.get_pool(name)
-        if pool is None:
-            return Pool(name, rng.cidr)
-        if pool.range != rng.cidr:
+        viewer = getattr(self.store, "view_pool", None)
+        view: PoolView | None
+        if viewer is not None:
+            view = viewer(name)
+        else:
+            pool = self.store.get_pool(name)
+            view = None if pool is None else SnapshotView(pool)
+        if view is None:
+            return SnapshotView(Pool(name, rng.cidr))
+        if view.range != rng.cidr:
             raise CniError(
-                f"pool {name} holds range {pool.range!r}, expected {rng.cidr}", code=Code.INVALID_CONFIG
+                f"pool {name} holds range {view.range!r}, expected {rng.cidr}", code=Code.INVALID_CONFIG
             )
-        return pool
+        return view
+
+    def _commit(self, view: PoolView, update: PoolUpdate) -> None:
+        self.store.commit_pool(Pool(view.name, view.range, {}, view.version), update)
 
     # ---- ADD --------------------------------------------------------------------------------------
 
@@ -130,22 +151,30 @@ class Engine:
             keep = self.reservation_name(rng, offset) if self.conf.overlapping else ""
             return offset
         finally:
-            self._drop_claims(claims, keep)
+            self._drop_claims(claims, keep, owner)
+
+    def _atomic(self) -> contextlib.AbstractContextManager[None]:
+        exclusive = getattr(self.store, "exclusive", None)
+        return exclusive() if exclusive is not None else contextlib.nullcontext()
 
     def _add_attempt(self, rng: IPRange, owner: Allocation, claims: _Claims) -> int:
-        pool = self._load(rng)
-        decision = allocator.allocate(rng, pool, owner, claims.blocked)
+        with self._atomic():
+            return self._add_once(rng, owner, claims)
+
+    def _add_once(self, rng: IPRange, owner: Allocation, claims: _Claims) -> int:
+        view = self._view(rng)
+        decision = allocator.allocate(rng, view, owner, frozenset(claims.blocked))
         if self.conf.overlapping:
             self._claim(rng, decision, owner, claims)
         if decision.update:
-            self.store.commit_pool(pool, decision.update)
+            self._commit(view, decision.update)
         log.debug(
             "%s %s: %s %s (%s)",
             owner.container_id,
             owner.ifname,
             decision.kind,
             rng.address(decision.offset),
-            pool.name,
+            view.name,
         )
         return decision.offset
 
@@ -175,14 +204,14 @@ class Engine:
                 res.owner.ifname,
             )
 
-    def _drop_claims(self, claims: _Claims, keep: str) -> None:
+    def _drop_claims(self, claims: _Claims, keep: str, owner: Allocation) -> None:
         """Reservations this call created for candidates it did not end up with."""
         for name, version in claims.created.items():
             if name == keep:
                 continue
             try:
                 res = self.store.get_reservation(name)
-                if res is not None and res.version == version:
+                if res is not None and res.version == version and res.owner.same_attachment(owner):
                     self.store.delete_reservation(res)
             except CniError as e:
                 log.warning("reservation %s left behind: %s", name, e)
@@ -195,25 +224,37 @@ class Engine:
             self._delete_range(rng, owner)
 
     def _delete_range(self, rng: IPRange, owner: Allocation) -> None:
-        freed = self._retrying(f"releasing in {rng.cidr}", lambda: self._release(rng, owner.same_attachment))
+        freed = self._retrying(f"releasing in {rng.cidr}", lambda: self._release(rng, owner))
         if self.conf.overlapping:
             for offset in freed:
                 self._unclaim(self.reservation_name(rng, offset), owner.same_attachment)
 
-    def _release(self, rng: IPRange, doomed: Callable[[Allocation], bool]) -> list[int]:
-        pool = self.store.get_pool(self.pool_name(rng))
-        if pool is None:
-            return []
-        remove = frozenset(k for k, a in pool.allocations.items() if doomed(a))
-        if remove:
-            self.store.commit_pool(pool, PoolUpdate(remove=remove))
-        return [int(k) for k in remove if k.isdigit()]
+    def _release(self, rng: IPRange, owner: Allocation) -> list[int]:
+        """Remove this attachment's allocations from one pool (an indexed lookup, no full load)."""
+        with self._atomic():
+            view = self._view(rng)
+            remove = allocator.release(view, owner).remove
+            if remove and view.version is not None:
+                self._commit(view, PoolUpdate(remove=remove))
+            return [int(k) for k in remove if k.isdigit()]
+
+    def _release_where(self, rng: IPRange, doomed: Callable[[Allocation], bool]) -> list[int]:
+        """Remove every allocation `doomed` picks from one pool (GC: reads the whole pool)."""
+        with self._atomic():
+            pool = self.store.get_pool(self.pool_name(rng))
+            if pool is None:
+                return []
+            remove = frozenset(k for k, a in pool.allocations.items() if doomed(a))
+            if remove:
+                self.store.commit_pool(pool, PoolUpdate(remove=remove))
+            return [int(k) for k in remove if k.isdigit()]
 
     def _unclaim(self, name: str, doomed: Callable[[Allocation], bool]) -> None:
         def attempt() -> None:
-            res = self.store.get_reservation(name)
-            if res is not None and doomed(res.owner):
-                self.store.delete_reservation(res)
+            with self._atomic():
+                res = self.store.get_reservation(name)
+                if res is not None and doomed(res.owner):
+                    self.store.delete_reservation(res)
 
         self._retrying(f"releasing reservation {name}", attempt)
 
@@ -221,8 +262,8 @@ class Engine:
 
     def check(self, owner: Allocation) -> None:
         for rng in self.conf.ranges:
-            pool = self.store.get_pool(self.pool_name(rng))
-            hit = allocator.find(pool, owner) if pool is not None else None
+            with self._atomic():
+                hit = allocator.find(self._view(rng), owner)
             if hit is None:
                 raise CheckError(
                     f"no allocation for container {owner.container_id} {owner.ifname} in "
@@ -245,7 +286,7 @@ class Engine:
         errors: list[CniError] = []
         for rng in self.conf.ranges:
             try:
-                self._retrying(f"GC in {rng.cidr}", lambda rng=rng: self._release(rng, stale))  # type: ignore[misc]
+                self._retrying(f"GC in {rng.cidr}", lambda rng=rng: self._release_where(rng, stale))  # type: ignore[misc]
             except CniError as e:
                 errors.append(e)
         if self.conf.overlapping:

@@ -24,13 +24,22 @@ Listing: `iter_pools` and `iter_reservations` are generators that page through t
 CLI and the reconciler hold one page, not everything. A store handle is used by one thread at a time;
 open one handle per thread or process.
 
+Optional: a store that can answer allocation's questions without loading a pool (the local store,
+with indexes) may offer `view_pool(name) -> PoolView | None`, valid inside `exclusive()`. The engine
+uses it when present and a snapshot of `get_pool` otherwise.
+
+Optional: a store that can make a read-modify-write atomic cheaply (the local store: one SQLite file
+on one node) may offer `exclusive() -> ContextManager[None]`: the calls made inside form one atomic
+unit. The engine then runs each attempt inside it, so writers on one node queue instead of racing.
+Correctness never depends on it (the CAS checks run inside as well); cluster stores do not offer it.
+
 A store module `ipam/store/<name>.py` exposes `open_store(conf: ipam.config.StoreConfig) -> Store`
 (see ipam.store.select) and joins the contract suite by adding a factory to
 tests/contract/factories.py. ipam.store.crd maps this model to and from the CRD objects."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -92,6 +101,34 @@ class Reservation:
     version: str | None = None
 
 
+Segment = tuple[int, int]  # inclusive offsets
+
+
+class PoolView(Protocol):
+    """What allocation asks of one pool; answered from a snapshot or by the store directly."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def range(self) -> str: ...
+
+    @property
+    def version(self) -> str | None: ...
+
+    def count(self) -> int:
+        """How many allocations the pool holds."""
+        ...
+
+    def owned(self, owner: Allocation, by_pod: bool = False) -> list[tuple[str, Allocation]]:
+        """Allocations of the same attachment (by_pod: of the same pod and ifname, any container)."""
+        ...
+
+    def lowest_free(self, segments: Sequence[Segment], blocked: Set[int]) -> int | None:
+        """The lowest offset in `segments` (ascending) that is neither allocated nor in `blocked`."""
+        ...
+
+
 class StoreUnavailable(TryAgainError):
     """The store cannot be reached (network, permissions, disk): CNI code 11, try again later."""
 
@@ -111,7 +148,8 @@ class Store(Protocol):
         ...
 
     def commit_pool(self, pool: Pool, update: PoolUpdate) -> str:
-        """Apply `update` to the stored pool iff its version is still `pool.version`; a pool with
+        """Apply `update` to the stored pool iff its version is still `pool.version` (only
+        pool.name, pool.range and pool.version are read, not pool.allocations); a pool with
         version None is created (spec.range = pool.range) with `update` applied to an empty pool.
         Returns the new version; raises Conflict and changes nothing otherwise. Removing every
         allocation leaves an empty pool behind (as upstream does)."""

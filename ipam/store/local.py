@@ -16,6 +16,7 @@ from typing import Any
 
 from ipam.config import StoreConfig
 from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, StoreUnavailable
+from ipam.store.localview import LocalView, num_of
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT = 10.0
@@ -26,10 +27,15 @@ CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY CHECK (id = 1), value
 INSERT OR IGNORE INTO counter VALUES (1, 0);
 CREATE TABLE IF NOT EXISTS pools (name TEXT PRIMARY KEY, range TEXT NOT NULL, version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS allocations (
-    pool TEXT NOT NULL, offset TEXT NOT NULL,
+    pool TEXT NOT NULL, offset TEXT NOT NULL, num TEXT,
     container_id TEXT NOT NULL, podref TEXT NOT NULL, ifname TEXT NOT NULL,
     pod_uid TEXT NOT NULL, network TEXT NOT NULL, node TEXT NOT NULL,
     PRIMARY KEY (pool, offset)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS allocations_num ON allocations (pool, num);
+CREATE INDEX IF NOT EXISTS allocations_owner ON allocations (pool, container_id, ifname);
+CREATE INDEX IF NOT EXISTS allocations_pod ON allocations (pool, podref, ifname);
+CREATE TABLE IF NOT EXISTS hints (pool TEXT NOT NULL, lo TEXT NOT NULL, next TEXT NOT NULL,
+    PRIMARY KEY (pool, lo)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS reservations (
     name TEXT PRIMARY KEY, {_OWNER.replace(",", " TEXT NOT NULL,")} TEXT NOT NULL, version INTEGER NOT NULL);
 PRAGMA user_version = {SCHEMA_VERSION};
@@ -45,6 +51,7 @@ class LocalStore:
         self.path = path
         self.busy_timeout = busy_timeout
         self._conn: sqlite3.Connection | None = None
+        self._exclusive = False
 
     # ---- connection -------------------------------------------------------------------------------
 
@@ -71,14 +78,28 @@ class LocalStore:
         self._conn = conn
         return conn
 
+    def _error(self, e: sqlite3.Error) -> Exception:
+        """SQLITE_BUSY/LOCKED after the busy timeout is contention (Conflict: retried under the
+        engine's deadline); any other database error means the store is not usable (code 11)."""
+        if getattr(e, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            return Conflict(f"local store {self.path}: busy")
+        return self._fail(e)
+
     @contextlib.contextmanager
     def _tx(self, write: bool) -> Iterator[sqlite3.Connection]:
-        """One transaction; IMMEDIATE for writes so the busy timeout covers taking the write lock."""
+        """One transaction (IMMEDIATE for writes, so the busy timeout covers taking the write lock),
+        or a part of the open `exclusive()` one."""
         conn = self._connect()
+        if self._exclusive:
+            try:
+                yield conn
+            except sqlite3.Error as e:
+                raise self._error(e) from None
+            return
         try:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         except sqlite3.Error as e:
-            raise self._fail(e) from None
+            raise self._error(e) from None
         try:
             yield conn
             conn.execute("COMMIT")
@@ -89,8 +110,31 @@ class LocalStore:
             if isinstance(e, sqlite3.OperationalError | sqlite3.DatabaseError) and not isinstance(
                 e, sqlite3.IntegrityError | sqlite3.ProgrammingError
             ):
-                raise self._fail(e) from None
+                raise self._error(e) from None
             raise
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Optional fast path (see ipam.store.base): every call inside is one IMMEDIATE transaction,
+        committed at the end, rolled back on any error. Writers on this node queue on SQLite's write
+        lock instead of racing and retrying; the compare-and-swap checks still run inside."""
+        conn = self._connect()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise self._error(e) from None
+        self._exclusive = True
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException as e:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if isinstance(e, sqlite3.Error):
+                raise self._error(e) from None
+            raise
+        finally:
+            self._exclusive = False
 
     @staticmethod
     def _next_version(conn: sqlite3.Connection) -> int:
@@ -117,12 +161,25 @@ class LocalStore:
                 "DELETE FROM allocations WHERE pool = ? AND offset = ?",
                 [(pool.name, k) for k in update.remove],
             )
+            for num in filter(None, map(num_of, update.remove)):  # hints stay lower bounds
+                conn.execute(
+                    "UPDATE hints SET next = ? WHERE pool = ? AND lo <= ? AND next > ?",
+                    (num, pool.name, num, num),
+                )
             conn.executemany(
-                f"INSERT OR REPLACE INTO allocations (pool, offset, {_OWNER}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(pool.name, k, *a) for k, a in update.put.items()],
+                f"INSERT OR REPLACE INTO allocations (pool, offset, num, {_OWNER}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(pool.name, k, num_of(k), *a) for k, a in update.put.items()],
             )
             return str(version)
+
+    def view_pool(self, name: str) -> LocalView | None:
+        """A PoolView on the open exclusive() transaction (see ipam.store.base)."""
+        if not self._exclusive:
+            raise RuntimeError("view_pool is only valid inside exclusive()")
+        with self._tx(write=False) as conn:
+            row = conn.execute("SELECT range, version FROM pools WHERE name = ?", (name,)).fetchone()
+            return None if row is None else LocalView(conn, name, row[0], str(row[1]))
 
     def iter_pools(self) -> Iterator[Pool]:
         for name in self._names("pools"):
