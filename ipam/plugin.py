@@ -7,7 +7,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from cni import log
+from cni import log, spec
 from cni.errors import ConfigError, NotAvailableError, TryAgainError
 from cni.types.netconf import Request
 from cni.types.result import IPConfig, Result
@@ -75,8 +75,22 @@ def result(conf: IpamConfig, got: list[tuple[IPRange, int]]) -> Result:
     return Result(ips=tuple(ips), routes=conf.routes, dns=conf.dns)
 
 
+def check_version_fits(conf: IpamConfig, version: str) -> None:
+    """cniVersion 0.1.0/0.2.0 results carry one address per family: refuse before allocating."""
+    if spec.family(version) != "0.2":
+        return
+    versions = [r.version for r in conf.ranges] + [s.address.version for s in conf.addresses]
+    for family in (4, 6):
+        if versions.count(family) > 1:
+            raise ConfigError(
+                f"ipam: cniVersion {version} results hold one IPv{family} address, this config "
+                f"yields {versions.count(family)} (use cniVersion 0.3.0 or newer)"
+            )
+
+
 def add(req: Request) -> Result:
     conf = load(req)
+    check_version_fits(conf, req.version)
     who = owner(req)
     with engine(conf) as e:
         got = e.add(who)

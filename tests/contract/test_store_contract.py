@@ -269,6 +269,44 @@ def test_concurrent_reservation_creates_one_wins(factory: Factory, store: Store)
     assert got is not None and got.owner.ifname == f"n{wins[0]}"
 
 
+# ---- optional fast paths (ipam/store/base.py): tested where a store offers them ---------------
+
+
+def test_exclusive_is_atomic_when_offered(store: Store) -> None:
+    exclusive = getattr(store, "exclusive", None)
+    if exclusive is None:
+        pytest.skip("this store offers no exclusive() (optional)")
+    with pytest.raises(ValueError), exclusive():
+        store.put_reservation(Reservation(NAME, A))
+        create(store, put={"1": A})
+        raise ValueError("rolled back")
+    assert store.get_reservation(NAME) is None and store.get_pool("198.51.100.0-24") is None
+
+
+def test_view_pool_answers_like_a_snapshot_when_offered(store: Store) -> None:
+    from ipam.allocator import SnapshotView
+
+    viewer, exclusive = getattr(store, "view_pool", None), getattr(store, "exclusive", None)
+    if viewer is None or exclusive is None:
+        pytest.skip("this store offers no view_pool() (optional)")
+    create(store, put={"1": A, "2": B, "4": C, "5": A._replace(ifname="net9")})
+    pool = store.get_pool("198.51.100.0-24")
+    assert pool is not None
+    snap = SnapshotView(pool)
+    with exclusive():
+        view = viewer("198.51.100.0-24")
+        assert (view.name, view.range, view.version, view.count()) == (pool.name, pool.range, pool.version, 4)
+        for segments, blocked in (
+            ([(1, 254)], frozenset()),
+            ([(1, 254)], frozenset({3})),
+            ([(4, 5)], frozenset()),
+        ):
+            assert view.lowest_free(segments, blocked) == snap.lowest_free(segments, blocked)
+        for who in (A, B, C._replace(container_id="zz")):
+            assert view.owned(who) == snap.owned(who) and view.owned(who, True) == snap.owned(who, True)
+        assert viewer("missing") is None
+
+
 # ---- health ---------------------------------------------------------------------------------------
 
 

@@ -86,6 +86,15 @@ def test_result_in_every_version(conf: dict[str, Any], version: str) -> None:
         assert ("version" in out["ips"][0]) == version.startswith("0.")
 
 
+def test_old_versions_cannot_carry_two_addresses_of_a_family(conf: dict[str, Any]) -> None:
+    conf["ipam"]["addresses"] = [{"address": "198.51.100.250/24"}]
+    rc, out = call("ADD", {**conf, "cniVersion": "0.2.0"})
+    assert rc == 1 and out["code"] == 7 and "one IPv4 address" in out["msg"]
+    rc, out = call("ADD", {**conf, "cniVersion": "0.3.1"})
+    assert rc == 0 and len(out["ips"]) == 3  # the failed 0.2.0 ADD allocated nothing: .2 is still free
+    assert out["ips"][0]["address"] == "198.51.100.2/24" and out["ips"][2]["address"] == "198.51.100.250/24"
+
+
 def test_del_check_status_gc(conf: dict[str, Any]) -> None:
     assert call("ADD", conf)[0] == 0
     assert call("ADD", conf, cid="c2", ifname="net2")[0] == 0
