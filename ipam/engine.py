@@ -10,43 +10,25 @@ reconciler free it once the owner is gone."""
 from __future__ import annotations
 
 import contextlib
-import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from cni import log
-from cni.errors import CheckError, CniError, Code, TryAgainError
+from cni.errors import CheckError, CniError, Code
 from ipam import allocator
 from ipam.allocator import SnapshotView
 from ipam.config import IpamConfig
 from ipam.ranges import IPRange
+from ipam.retry import Again, Retry, retrying
 from ipam.store.base import (
     Allocation,
-    Conflict,
     Pool,
     PoolUpdate,
     PoolView,
     Reservation,
     Store,
-    StoreUnavailable,
 )
 from ipam.store.names import pool_name, reservation_name
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Retry:
-    deadline: float = 30.0  # seconds for one range under contention
-    outage: float = 3.0  # how long an unreachable store is retried before code 11
-    base: float = 0.004  # first backoff; doubles per conflict, full jitter
-    cap: float = 1.0
-
-
-class _Blocked(Exception):
-    """The candidate IP is reserved by another pool's owner: pick again at once."""
 
 
 @dataclass
@@ -56,17 +38,8 @@ class _Claims:
 
 
 class Engine:
-    def __init__(
-        self,
-        store: Store,
-        conf: IpamConfig,
-        retry: Retry = Retry(),
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-        rand: Callable[[], float] = random.random,
-    ) -> None:
-        self.store, self.conf, self.retry = store, conf, retry
-        self.clock, self.sleep, self.rand = clock, sleep, rand
+    def __init__(self, store: Store, conf: IpamConfig, retry: Retry | None = None) -> None:
+        self.store, self.conf, self.retry = store, conf, retry or Retry()
 
     def pool_name(self, rng: IPRange) -> str:
         return pool_name(rng.cidr, self.conf.network_name)
@@ -74,34 +47,8 @@ class Engine:
     def reservation_name(self, rng: IPRange, offset: int) -> str:
         return reservation_name(str(rng.address(offset)), self.conf.network_name)
 
-    # ---- retry loop -------------------------------------------------------------------------------
-
-    def _retrying(self, what: str, attempt: Callable[[], T]) -> T:
-        start, conflicts, down_since = self.clock(), 0, None
-        while True:
-            try:
-                return attempt()
-            except _Blocked:
-                if self.clock() - start > self.retry.deadline:
-                    raise TryAgainError(
-                        f"{what}: gave up: candidates keep being reserved elsewhere"
-                    ) from None
-                continue
-            except Conflict:
-                conflicts += 1
-                if self.clock() - start > self.retry.deadline:
-                    raise TryAgainError(
-                        f"{what}: gave up after {conflicts} conflicting writes in {self.retry.deadline:g}s"
-                    ) from None
-            except StoreUnavailable:
-                down_since = self.clock() if down_since is None else down_since
-                if (
-                    self.clock() - down_since >= self.retry.outage
-                    or self.clock() - start > self.retry.deadline
-                ):
-                    raise
-                conflicts += 1
-            self.sleep(self.rand() * min(self.retry.cap, self.retry.base * 2 ** min(conflicts, 16)))
+    def _retrying[T](self, what: str, attempt: Callable[[], T]) -> T:
+        return retrying(self.retry, what, attempt)
 
     def _view(self, rng: IPRange) -> PoolView:
         """The pool as allocation sees it: the store's own view (inside `exclusive()`), else a snapshot."""
@@ -191,7 +138,7 @@ class Engine:
                 claims.created[name] = version
         elif decision.kind == "new":
             claims.blocked.add(decision.offset)
-            raise _Blocked()
+            raise Again()
         else:
             log.error(
                 "%s: pool %s gives it to %s/%s but reservation %s names %s/%s",

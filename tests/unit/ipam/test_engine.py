@@ -39,7 +39,8 @@ def make(
 ) -> Engine:
     conf = from_dict(ipam or {"range": "198.51.100.0/24"})
     clock = clock or Clock()
-    return Engine(store or MemoryStore(backend or Backend()), conf, Retry(), clock, clock.sleep, lambda: 0.5)
+    retry = Retry(clock=clock, sleep=clock.sleep, rand=lambda: 0.5)
+    return Engine(store or MemoryStore(backend or Backend()), conf, retry)
 
 
 def addrs(got: list[Any]) -> list[str]:
