@@ -9,7 +9,7 @@ PLUGINS: dict[str, str] = {
 }
 
 # Modules imported lazily on some path (not visible to PyInstaller's import scan).
-LAZY_MODULES: tuple[str, ...] = (*PLUGINS.values(),)
+LAZY_MODULES: tuple[str, ...] = (*PLUGINS.values(), "ipam.store.local")  # stores: ipam.store.select
 
 
 def module_for(name: str) -> str | None:
