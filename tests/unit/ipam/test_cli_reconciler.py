@@ -214,3 +214,33 @@ def test_cli_config_file_selects_the_store(db: str, tmp_path: Path) -> None:
     )
     rc, out, err = run_cli("--config", str(conflist), "pools")
     assert rc == 0 and "blue-198.51.100.0-24" in out, err
+
+
+def test_run_forever_runs_until_stopped_and_survives_a_failed_run(db: str) -> None:
+    import threading
+
+    from cni.errors import TryAgainError
+    from ipam.reconciler import run_forever
+
+    stop = threading.Event()
+    reports: list[Report] = []
+    calls = 0
+
+    class Flaky:
+        def lookup(self, namespace: str, name: str) -> PodInfo | None:
+            raise TryAgainError("store down")  # not a PodSourceError: the whole run fails
+
+        def close(self) -> None:
+            pass
+
+    def make() -> Reconciler:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            stop.set()
+        if calls == 1:
+            return Reconciler(LocalStore(db), Flaky())  # type: ignore[arg-type]
+        return Reconciler(LocalStore(db), Pods(ALIVE), dry_run=True)
+
+    run_forever(make, 0.01, stop, reports.append)
+    assert calls == 3 and len(reports) == 2 and all(r.found == 8 for r in reports)
