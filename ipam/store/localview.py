@@ -47,9 +47,15 @@ class LocalView:
         )
 
     def owned(self, owner: Allocation, by_pod: bool = False) -> list[tuple[str, Allocation]]:
-        column, value = ("podref", owner.podref) if by_pod else ("container_id", owner.container_id)
+        # INDEXED BY: without statistics SQLite prefers scanning the pool's primary-key range
+        index, column, value = (
+            ("allocations_pod", "podref", owner.podref)
+            if by_pod
+            else ("allocations_owner", "container_id", owner.container_id)
+        )
         rows = self.conn.execute(
-            f"SELECT offset, {OWNER} FROM allocations WHERE pool = ? AND {column} = ? AND ifname = ?",
+            f"SELECT offset, {OWNER} FROM allocations INDEXED BY {index} "
+            f"WHERE pool = ? AND {column} = ? AND ifname = ?",
             (self._name, value, owner.ifname),
         )
         return sorted(((r[0], Allocation._make(r[1:])) for r in rows), key=lambda kv: (len(kv[0]), kv[0]))
