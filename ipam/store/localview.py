@@ -25,6 +25,18 @@ def num_of(key: str) -> str | None:
     return pad(int(key)) if key.isdigit() else None
 
 
+SCAN_SQL = "SELECT num FROM allocations WHERE pool = ? AND num >= ? AND num <= ? ORDER BY num"
+
+
+def owned_sql(by_pod: bool) -> str:
+    """INDEXED BY: without statistics SQLite prefers scanning the pool's primary-key range."""
+    index, column = ("allocations_pod", "podref") if by_pod else ("allocations_owner", "container_id")
+    return (
+        f"SELECT offset, {OWNER} FROM allocations INDEXED BY {index} "
+        f"WHERE pool = ? AND {column} = ? AND ifname = ?"
+    )
+
+
 class LocalView:
     def __init__(self, conn: sqlite3.Connection, name: str, rng: str, version: str) -> None:
         self.conn, self._name, self._range, self._version = conn, name, rng, version
@@ -47,17 +59,8 @@ class LocalView:
         )
 
     def owned(self, owner: Allocation, by_pod: bool = False) -> list[tuple[str, Allocation]]:
-        # INDEXED BY: without statistics SQLite prefers scanning the pool's primary-key range
-        index, column, value = (
-            ("allocations_pod", "podref", owner.podref)
-            if by_pod
-            else ("allocations_owner", "container_id", owner.container_id)
-        )
-        rows = self.conn.execute(
-            f"SELECT offset, {OWNER} FROM allocations INDEXED BY {index} "
-            f"WHERE pool = ? AND {column} = ? AND ifname = ?",
-            (self._name, value, owner.ifname),
-        )
+        value = owner.podref if by_pod else owner.container_id
+        rows = self.conn.execute(owned_sql(by_pod), (self._name, value, owner.ifname))
         return sorted(((r[0], Allocation._make(r[1:])) for r in rows), key=lambda kv: (len(kv[0]), kv[0]))
 
     def lowest_free(self, segments: Sequence[Segment], blocked: Set[int]) -> int | None:
@@ -79,10 +82,7 @@ class LocalView:
     def _scan(self, start: int, hi: int, blocked: Set[int]) -> tuple[int | None, int]:
         """(lowest free offset in [start, hi] not blocked, lowest offset >= start not allocated)."""
         expected, untaken = start, None
-        rows = self.conn.execute(
-            "SELECT num FROM allocations WHERE pool = ? AND num >= ? AND num <= ? ORDER BY num",
-            (self._name, pad(start), pad(hi)),
-        )
+        rows = self.conn.execute(SCAN_SQL, (self._name, pad(start), pad(hi)))
         for (num,) in rows:
             n = int(num)
             while expected < n:

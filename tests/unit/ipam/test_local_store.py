@@ -131,3 +131,20 @@ def test_many_processes_create_the_database_at_once(tmp_path: Path) -> None:
     store = LocalStore(path)
     assert len(list(store.iter_reservations())) == 12
     store.close()
+
+
+def test_view_queries_use_their_indexes(tmp_path: Path) -> None:
+    from ipam.store.localview import SCAN_SQL, owned_sql
+
+    store = LocalStore(str(tmp_path / "db"))
+    store.ping()
+    store.close()
+    conn = sqlite3.connect(tmp_path / "db")
+    plans = {
+        sql: " ".join(r[-1] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, ("p", "a", "b")))
+        for sql in (owned_sql(False), owned_sql(True))
+    }
+    plans[SCAN_SQL] = " ".join(r[-1] for r in conn.execute("EXPLAIN QUERY PLAN " + SCAN_SQL, ("p", "1", "2")))
+    assert "INDEX allocations_owner (pool=? AND container_id=? AND ifname=?)" in plans[owned_sql(False)]
+    assert "INDEX allocations_pod (pool=? AND podref=? AND ifname=?)" in plans[owned_sql(True)]
+    assert "COVERING INDEX allocations_num (pool=? AND num>? AND num<?)" in plans[SCAN_SQL]
