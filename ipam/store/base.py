@@ -35,7 +35,9 @@ Correctness never depends on it (the CAS checks run inside as well); cluster sto
 
 A store module `ipam/store/<name>.py` exposes `open_store(conf: ipam.config.StoreConfig) -> Store`
 (see ipam.store.select) and joins the contract suite by adding a factory to
-tests/contract/factories.py. ipam.store.crd maps this model to and from the CRD objects."""
+tests/contract/factories.py, and the process-level concurrency suite (200 ADDs, the seeded storm)
+by adding a target to tests/concurrency/stores.py. ipam.store.crd maps this model to and from the
+CRD objects."""
 
 from __future__ import annotations
 

@@ -7,6 +7,9 @@ What the schema cannot hold goes into annotations (unknown spec fields would be 
   dropped; offsets with nothing to record left out). Kubernetes caps all annotations of an object at
   256 KiB, so the encoder stops adding entries at OWNERS_BUDGET bytes: allocations past the budget
   lose only their pycni extras (the reconciler then compares pod names, GC leaves them alone).
+- offsets are exact decimal integers of any size. Upstream whereabouts parses them as int64 and skips
+  (logs) larger ones, so it cannot see our allocations past 2**63 in ranges wider than /65, which it
+  cannot allocate itself either.
 - reservation: `pycni.io/pod-uid`, `pycni.io/network`, `pycni.io/node`; `spec.containerid` (optional
   in the schema, never set by upstream) carries the container id."""
 
