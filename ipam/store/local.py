@@ -1,8 +1,13 @@
 """The embedded store: one SQLite file per node, safe under many concurrent plugin processes.
 
 WAL journal (readers never block the writer), a busy timeout, every write one `BEGIN IMMEDIATE`
-transaction that checks the object's version first (the compare-and-swap), FULL sync. Versions come
-from one counter in the file, so a version is never reused (no ABA, even across delete/create).
+transaction that checks the object's version first (the compare-and-swap). Versions come from one
+counter in the file, so a version is never reused (no ABA, even across delete/create).
+
+synchronous=NORMAL: with WAL a commit survives any process crash and the file never corrupts; only
+an OS crash or power loss can drop the last commits. That loses nothing that matters here: the store
+is this node's own, and such a crash ends every sandbox on the node, so every attachment is ADDed
+again afterwards (and a DEL for a forgotten one is success). FULL would add an fsync to every ADD.
 The connection opens on first use: an unreadable path is StoreUnavailable (code 11) from the call
 that needed it, never from construction."""
 
@@ -70,7 +75,7 @@ class LocalStore:
             conn = sqlite3.connect(
                 self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
             )
-            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA synchronous = NORMAL")
             if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
                 _initialise(conn)
         except sqlite3.Error as e:
