@@ -10,6 +10,7 @@ reconciler free it once the owner is gone."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -62,7 +63,7 @@ class Engine:
             view = None if pool is None else SnapshotView(pool)
         if view is None:
             return SnapshotView(Pool(name, rng.cidr))
-        if view.range != rng.cidr:
+        if not _same_network(view.range, rng):
             raise CniError(
                 f"pool {name} holds range {view.range!r}, expected {rng.cidr}", code=Code.INVALID_CONFIG
             )
@@ -245,6 +246,14 @@ class Engine:
                 errors.append(e)
         if errors:
             raise CniError("GC: " + "; ".join(e.msg for e in errors), code=int(errors[0].code))
+
+
+def _same_network(stored: str, rng: IPRange) -> bool:
+    """spec.range as written by us or upstream (host bits set or not) names the same network."""
+    try:
+        return ipaddress.ip_network(stored, strict=False) == rng.network
+    except ValueError:
+        return False
 
 
 def _legacy_same_pod(held: Allocation, owner: Allocation) -> bool:

@@ -208,6 +208,12 @@ def test_upstream_reservation_of_the_same_pod_is_taken_over() -> None:
     assert res is not None and res.owner == A
 
 
+def test_pool_whose_range_has_host_bits_is_the_same_pool() -> None:
+    e = make()
+    e.store.commit_pool(Pool("198.51.100.0-24", "198.51.100.7/24"), PoolUpdate(put={"1": B}))
+    assert addrs(e.add(A)) == ["198.51.100.2"]
+
+
 def test_pool_holding_another_range_is_refused() -> None:
     e = make()
     e.store.commit_pool(Pool("198.51.100.0-24", "198.51.100.0/25"), PoolUpdate())
