@@ -7,6 +7,7 @@ PLUGINS: dict[str, str] = {
     "macvlan": "cni.plugins.macvlan",
     "host-device": "cni.plugins.hostdevice",
     "sriov": "cni.plugins.sriov",
+    "whereabouts": "ipam.plugin",
 }
 
 # Modules imported lazily on some path (not visible to PyInstaller's import scan).
@@ -14,6 +15,7 @@ LAZY_MODULES: tuple[str, ...] = (
     *PLUGINS.values(),
     "cni.sriov.settings",
     "cni.sriov.fakevf",  # the recording VF seam tests select with PYCNI_SRIOV_FAKE_PF
+    "ipam.store.local",  # stores are picked by name in ipam.store.select
 )
 
 
@@ -22,4 +24,4 @@ def module_for(name: str) -> str | None:
 
 
 # IPAM types served in-process when CNI_PATH resolves to this bundle (see cni.delegate).
-IN_PROCESS_IPAM: dict[str, str] = {}
+IN_PROCESS_IPAM: dict[str, str] = {"whereabouts": "ipam.plugin"}

@@ -1,0 +1,219 @@
+"""The operator CLI: `python -m ipam [--config FILE | --local-db PATH] COMMAND`.
+
+  pools                          pool, range, used/total and a usage bar
+  show POOL                      the allocations with their owners
+  release POOL IP [--yes]        free one address by hand (asks first)
+  reconcile --pods SPEC [--dry-run] [--interval SECONDS]
+                                 free what belongs to pods that are gone (SPEC: file:PATH, kubernetes)
+
+The store is the one the flat file names (as the plugin finds it), or the one in --config (a conflist,
+a conf, or a bare ipam object), or the local database given by --local-db."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from cni import jsonio
+from cni.errors import CniError, ConfigError
+from ipam import config
+from ipam.store.base import Pool, PoolUpdate, Store
+from ipam.store.names import pool_name, reservation_name
+
+BAR = 20
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ipam", description="pycni IPAM operator tool")
+    p.add_argument("--config", help="conflist, conf, or ipam object naming the store")
+    p.add_argument("--local-db", help="use this local (SQLite) database")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("pools", help="list pools with usage")
+    show = sub.add_parser("show", help="list a pool's allocations")
+    show.add_argument("pool")
+    rel = sub.add_parser("release", help="free one address by hand")
+    rel.add_argument("pool")
+    rel.add_argument("ip")
+    rel.add_argument("--yes", action="store_true", help="do not ask")
+    rec = sub.add_parser("reconcile", help="free addresses of pods that are gone")
+    rec.add_argument("--pods", required=True, help="pod source: file:PATH or kubernetes")
+    rec.add_argument("--dry-run", action="store_true", help="only list what would be freed")
+    rec.add_argument("--interval", type=float, default=0, help="keep running, every SECONDS")
+    return p
+
+
+def store_config(args: argparse.Namespace) -> config.StoreConfig:
+    if args.local_db:
+        return config.StoreConfig("local", args.local_db)
+    section: dict[str, Any] = {}
+    if args.config:
+        with open(args.config, "rb") as fh:
+            raw = jsonio.loads(fh.read(), args.config)
+        if isinstance(raw, dict) and isinstance(raw.get("plugins"), list) and raw["plugins"]:
+            raw = raw["plugins"][0]
+        section = raw.get("ipam", raw) if isinstance(raw, dict) else {}
+    _, flat = config.read_flat_file(section)
+    return config.store_config(config.merge(section, flat))
+
+
+def total(rng: str) -> int:
+    net = ipaddress.ip_network(rng, strict=False)
+    return max(net.num_addresses - (2 if net.version == 4 else 1), 0)
+
+
+def bar(used: int, of: int) -> str:
+    filled = 0 if not used else max(1, round(BAR * used / of)) if of else BAR
+    return "[" + "#" * min(filled, BAR) + "." * (BAR - min(filled, BAR)) + "]"
+
+
+def number(n: int) -> str:
+    return str(n) if n < 10**7 else f"{n:.2e}"
+
+
+def cmd_pools(store: Store, out: TextIO) -> int:
+    rows = [("POOL", "RANGE", "USED/TOTAL", "USAGE")]
+    for pool in store.iter_pools():
+        used, of = len(pool.allocations), total(pool.range)
+        pct = f"{100 * used / of:.1f}%" if of else "-"
+        rows.append((pool.name, pool.range, f"{used}/{number(of)}", f"{bar(used, of)} {pct}"))
+    table(rows, out)
+    return 0
+
+
+def address_of(pool: Pool, key: str) -> str:
+    net = ipaddress.ip_network(pool.range, strict=False)
+    return str(net.network_address + int(key)) if key.isdigit() else f"?{key}"
+
+
+def cmd_show(store: Store, name: str, out: TextIO) -> int:
+    pool = store.get_pool(name)
+    if pool is None:
+        raise ConfigError(f"pool {name}: not found")
+    rows = [("IP", "POD", "IFNAME", "CONTAINER", "POD UID", "NETWORK", "NODE")]
+    keys = sorted(pool.allocations, key=lambda k: (len(k), k))
+    for key in keys:
+        a = pool.allocations[key]
+        rows.append(
+            (
+                address_of(pool, key),
+                a.podref or "-",
+                a.ifname or "-",
+                a.container_id[:16] or "-",
+                a.pod_uid or "-",
+                a.network or "-",
+                a.node or "-",
+            )
+        )
+    out.write(f"pool {pool.name}  range {pool.range}  {len(keys)} allocated  version {pool.version}\n")
+    table(rows, out)
+    return 0
+
+
+def _ask(question: str) -> str:
+    """The answer from the terminal; no terminal (or EOF) means no."""
+    if not sys.stdin.isatty():
+        sys.stderr.write(question + " (no terminal to ask: use --yes)\n")
+        return ""
+    try:
+        return input(question)
+    except EOFError:
+        return ""
+
+
+def cmd_release(
+    store: Store, name: str, ip: str, yes: bool, out: TextIO, ask: Callable[[str], str] = _ask
+) -> int:
+    pool = store.get_pool(name)
+    if pool is None:
+        raise ConfigError(f"pool {name}: not found")
+    net = ipaddress.ip_network(pool.range, strict=False)
+    try:
+        key = str(int(ipaddress.ip_address(ip)) - int(net.network_address))
+    except ValueError:
+        raise ConfigError(f"{ip}: not an IP address") from None
+    owner = pool.allocations.get(key)
+    if owner is None:
+        out.write(f"{ip} is not allocated in {name}\n")
+        return 1
+    question = (
+        f"release {ip} held by {owner.podref or '-'} ({owner.ifname}, container {owner.container_id[:16]})?"
+    )
+    if not yes and ask(question + " [y/N] ").strip().lower() not in ("y", "yes"):
+        out.write("nothing released\n")
+        return 1
+    store.commit_pool(pool, PoolUpdate(remove=frozenset({key})))  # Conflict: it changed; the user retries
+    network_name = name[: -len(pool_name(pool.range)) - 1] if name != pool_name(pool.range) else ""
+    res = store.get_reservation(reservation_name(ip, network_name))
+    if res is not None and res.owner.same_attachment(owner):
+        store.delete_reservation(res)
+    out.write(f"released {ip}\n")
+    return 0
+
+
+def cmd_reconcile(store: Store, args: argparse.Namespace, conf: config.StoreConfig, out: TextIO) -> int:
+    from ipam.podsource import open_pod_source
+    from ipam.reconciler import Finding, Reconciler, Report, run_forever
+
+    pods = open_pod_source(args.pods, conf)
+    verb = "would free" if args.dry_run else "freeing"
+
+    def show(f: Finding) -> None:
+        what = f"{f.ip} in pool {f.where}" if f.kind == "allocation" else f"reservation {f.where}"
+        out.write(f"{verb} {what} ({f.owner.podref} {f.owner.ifname}): {f.reason}\n")
+        out.flush()
+
+    def summary(r: Report) -> None:
+        done = f"would free {r.found}" if args.dry_run else f"freed {r.freed} of {r.found}"
+        out.write(f"{done}; kept {r.kept}; left alone {r.skipped}\n")
+        for e in r.errors:
+            out.write(f"error: {e}\n")
+        out.flush()
+
+    def make() -> Reconciler:
+        return Reconciler(store, pods, args.dry_run, show)
+
+    try:
+        if args.interval <= 0:
+            report = make().run()
+            summary(report)
+            return 1 if report.errors else 0
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        run_forever(make, args.interval, stop, summary)
+        return 0
+    finally:
+        pods.close()
+
+
+def table(rows: Sequence[tuple[str, ...]], out: TextIO) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+
+
+def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
+    args = parser().parse_args(argv)
+    try:
+        conf = store_config(args)
+        from ipam.store.select import open_store
+
+        store = open_store(conf)
+        try:
+            if args.command == "pools":
+                return cmd_pools(store, out)
+            if args.command == "show":
+                return cmd_show(store, args.pool, out)
+            if args.command == "release":
+                return cmd_release(store, args.pool, args.ip, args.yes, out)
+            return cmd_reconcile(store, args, conf, out)
+        finally:
+            store.close()
+    except (CniError, OSError) as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2

@@ -1,0 +1,255 @@
+"""whereabouts-compatible IPAM configuration. Parsing is pure: `read_flat_file` is the only I/O, `merge`
+and `from_dict` are functions of their arguments, and every error is code 7 naming the field.
+
+Keys are whereabouts' own (snake_case, `ipRanges`). Ours: `datastore: local` and `local_db`. Accepted
+and ignored: `leader_lease_duration`, `leader_renew_deadline`, `leader_retry_period` (we take no lease)
+and `sleep_for_race` (a test knob upstream). Rejected until implemented: `node_slice_size`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cni import jsonio
+from cni.errors import ConfigError, DecodeError
+from cni.types import fields as f
+from cni.types.result import DNS, Route, parse_dns, parse_route
+from ipam import ranges
+from ipam.ranges import IPRange
+
+DATASTORES = ("local", "kubernetes", "etcd")
+DEFAULT_LOCAL_DB = "/var/lib/cni/pycni/whereabouts.db"
+FLAT_FILES = (
+    "/etc/kubernetes/cni/net.d/whereabouts.d/whereabouts.conf",
+    "/etc/cni/net.d/whereabouts.d/whereabouts.conf",
+    "/host/etc/cni/net.d/whereabouts.d/whereabouts.conf",
+)
+IGNORED = ("leader_lease_duration", "leader_renew_deadline", "leader_retry_period", "sleep_for_race")
+ETCD_KEYS = (
+    "etcd_host",
+    "etcd_username",
+    "etcd_password",
+    "etcd_key_file",
+    "etcd_cert_file",
+    "etcd_ca_cert_file",
+)
+
+
+@dataclass(frozen=True)
+class KubernetesConf:
+    kubeconfig: str = ""
+    k8s_api_root: str = ""  # parsed, unused (as upstream)
+
+
+@dataclass(frozen=True)
+class EtcdConf:
+    host: str = ""
+    username: str = ""
+    password: str = field(default="", repr=False)
+    key_file: str = ""
+    cert_file: str = ""
+    ca_cert_file: str = ""
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Which store and how to reach it. `datastore` is one of DATASTORES."""
+
+    datastore: str = "local"
+    local_db: str = DEFAULT_LOCAL_DB
+    kubernetes: KubernetesConf = field(default_factory=KubernetesConf)
+    etcd: EtcdConf = field(default_factory=EtcdConf)
+
+
+@dataclass(frozen=True)
+class StaticAddress:
+    address: f.IPInterface
+    gateway: f.IPAddress | None = None
+
+
+@dataclass(frozen=True)
+class IpamConfig:
+    ranges: tuple[IPRange, ...]
+    gateway: f.IPAddress | None = None
+    routes: tuple[Route, ...] = ()
+    dns: DNS = field(default_factory=DNS)
+    addresses: tuple[StaticAddress, ...] = ()
+    overlapping: bool = True
+    network_name: str = ""
+    store: StoreConfig = field(default_factory=StoreConfig)
+    log_file: str = ""
+    log_level: str = ""
+    reconciler_cron_expression: str = ""
+
+
+def read_flat_file(
+    inline: Mapping[str, Any], candidates: tuple[str, ...] = FLAT_FILES
+) -> tuple[str, dict[str, Any]]:
+    """(path, object) of the first flat file that exists: inline `configuration_path` (a file, or a
+    directory holding whereabouts.conf) first, then `candidates`. ("", {}) when there is none."""
+    first = inline.get("configuration_path")
+    paths = list(candidates)
+    if isinstance(first, str) and first:
+        paths.insert(0, os.path.join(first, "whereabouts.conf") if os.path.isdir(first) else first)
+    for path in paths:
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise ConfigError(f"flat file {path}: cannot read: {e.strerror}") from None
+        try:
+            obj = jsonio.loads(data, f"flat file {path}") if data.strip() else {}
+        except DecodeError as e:
+            raise ConfigError(e.msg, e.details) from None
+        if not isinstance(obj, dict):
+            raise ConfigError(f"flat file {path}: must be a JSON object")
+        return path, obj
+    return "", {}
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value is False or value == 0 or value in ("", [], {})
+
+
+def merge(inline: Mapping[str, Any], flat: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat-file values fill what the inline config leaves empty (recursively); inline wins. The flat
+    file's enable_overlapping_ranges is ignored, as upstream: inline or the default (true) decides."""
+    out = dict(inline)
+    for key, value in flat.items():
+        if key == "enable_overlapping_ranges":
+            continue
+        mine = out.get(key)
+        if isinstance(mine, dict) and isinstance(value, dict):
+            out[key] = merge(mine, value)
+        elif _empty(mine):
+            out[key] = value
+    return out
+
+
+def from_dict(d: dict[str, Any], path: str = "ipam") -> IpamConfig:
+    if d.get("node_slice_size"):
+        raise ConfigError(
+            f"{f.join(path, 'node_slice_size')}: node slices are not supported yet; "
+            "remove it to allocate from the whole range"
+        )
+    gateway = _gateway(d, path)
+    parsed = _ranges(d, path, gateway)
+    return IpamConfig(
+        ranges=parsed,
+        gateway=gateway,
+        routes=tuple(
+            parse_route(r, f.join(f.join(path, "routes"), i))
+            for i, r in enumerate(f.opt(d, "routes", list, path, []))
+        ),
+        dns=parse_dns(d.get("dns"), f.join(path, "dns")),
+        addresses=_addresses(d, path),
+        overlapping=bool(f.opt(d, "enable_overlapping_ranges", bool, path, True)),
+        network_name=_network_name(d, path),
+        store=store_config(d, path),
+        log_file=f.opt(d, "log_file", str, path, ""),
+        log_level=f.opt(d, "log_level", str, path, ""),
+        reconciler_cron_expression=f.opt(d, "reconciler_cron_expression", str, path, ""),
+    )
+
+
+def _gateway(d: dict[str, Any], path: str) -> f.IPAddress | None:
+    value = d.get("gateway")
+    return None if value in (None, "") else f.ip(value, f.join(path, "gateway"))
+
+
+def _one_range(entry: dict[str, Any], path: str, gateway: f.IPAddress | None) -> IPRange:
+    net, start, end = ranges.parse_range(f.req(entry, "range", str, path), f.join(path, "range"))
+    if start is not None and (entry.get("range_start") or entry.get("range_end")):
+        raise ConfigError(
+            f"{f.join(path, 'range')}: start-end/prefix notation conflicts with range_start/range_end"
+        )
+    for key in ("range_start", "range_end"):
+        if entry.get(key) not in (None, ""):
+            value = f.ip(entry[key], f.join(path, key))
+            start, end = (value, end) if key == "range_start" else (start, value)
+    items = f.opt(entry, "exclude", list, path, [])
+    excludes = tuple(
+        ranges.parse_exclude(x, net, f.join(f.join(path, "exclude"), i)) for i, x in enumerate(items)
+    )
+    return ranges.build(net, start, end, excludes, gateway, path)
+
+
+def _ranges(d: dict[str, Any], path: str, gateway: f.IPAddress | None) -> tuple[IPRange, ...]:
+    out: list[IPRange] = []
+    if d.get("range") not in (None, ""):
+        out.append(_one_range(d, path, gateway))
+    for i, entry in enumerate(f.opt(d, "ipRanges", list, path, [])):
+        epath = f.join(f.join(path, "ipRanges"), i)
+        f.typed(entry, dict, epath)
+        rng = _one_range(entry, epath, gateway)
+        for other in out:
+            if other.version == rng.version and other.network.overlaps(rng.network):
+                raise ConfigError(
+                    f"{f.join(epath, 'range')}: {rng.cidr} overlaps {other.cidr} of this config"
+                )
+        out.append(rng)
+    if not out:
+        raise ConfigError(f"{f.join(path, 'range')}: required (or ipRanges)")
+    return tuple(out)
+
+
+def _addresses(d: dict[str, Any], path: str) -> tuple[StaticAddress, ...]:
+    out = []
+    for i, item in enumerate(f.opt(d, "addresses", list, path, [])):
+        ipath = f.join(f.join(path, "addresses"), i)
+        f.typed(item, dict, ipath)
+        gw = item.get("gateway")
+        out.append(
+            StaticAddress(
+                f.cidr(f.req(item, "address", str, ipath), f.join(ipath, "address")),
+                None if gw in (None, "") else f.ip(gw, f.join(ipath, "gateway")),
+            )
+        )
+    return tuple(out)
+
+
+def _network_name(d: dict[str, Any], path: str) -> str:
+    name = f.opt(d, "network_name", str, path, "")
+    if name and not f.NAME_RE.match(name):
+        raise ConfigError(
+            f"{f.join(path, 'network_name')}: invalid characters in {f.show(name)} "
+            f"(allowed: {f.NAME_RE.pattern})"
+        )
+    return str(name)
+
+
+def store_config(d: dict[str, Any], path: str = "ipam") -> StoreConfig:
+    """Only the store part of an ipam section (the operator CLI needs no range)."""
+    kube = f.opt(d, "kubernetes", dict, path, {})
+    kpath = f.join(path, "kubernetes")
+    k = KubernetesConf(f.opt(kube, "kubeconfig", str, kpath, ""), f.opt(kube, "k8s_api_root", str, kpath, ""))
+    e = EtcdConf(*(f.opt(d, key, str, path, "") for key in ETCD_KEYS))
+    default = "kubernetes" if k.kubeconfig else "etcd" if e.host else "local"
+    datastore = f.choice(d, "datastore", path, DATASTORES, default)
+    if datastore == "kubernetes" and not k.kubeconfig:
+        raise ConfigError(f"{f.join(kpath, 'kubeconfig')}: required when the datastore is kubernetes")
+    if datastore == "etcd" and not e.host:
+        raise ConfigError(f"{f.join(path, 'etcd_host')}: required when the datastore is etcd")
+    local_db = f.opt(d, "local_db", str, path, "") or DEFAULT_LOCAL_DB
+    if not os.path.isabs(local_db):
+        raise ConfigError(f"{f.join(path, 'local_db')}: must be an absolute path, got {f.show(local_db)}")
+    return StoreConfig(datastore, local_db, k, e)
+
+
+def load(ipam: Mapping[str, Any], candidates: tuple[str, ...] = FLAT_FILES) -> IpamConfig:
+    """The plugin's entry: flat file found and merged, then parsed."""
+    flat_path, flat = read_flat_file(ipam, candidates)
+    try:
+        return from_dict(merge(ipam, flat))
+    except ConfigError as e:
+        if flat_path:
+            e.details = (
+                f"{e.details}; merged with flat file {flat_path}"
+                if e.details
+                else f"merged with flat file {flat_path}"
+            )
+        raise

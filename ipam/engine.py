@@ -1,0 +1,266 @@
+"""load -> allocate/release -> commit with compare-and-swap; conflicts retried with jittered backoff under a
+deadline; an unreachable store is code 11 (after a short grace), never silence.
+
+Overlapping ranges (one reservation per IP, cluster-wide): on ADD the reservation is claimed BEFORE the
+pool is written, so no two pools can commit the same IP; on DEL the pool is released first and the
+reservation after. A crash between the two steps leaves at worst a reservation without a pool entry
+(an address parked, never one handed out twice); the same owner's next ADD reuses it, and GC and the
+reconciler free it once the owner is gone."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cni import log
+from cni.errors import CheckError, CniError, Code
+from ipam import allocator
+from ipam.allocator import SnapshotView
+from ipam.config import IpamConfig
+from ipam.ranges import IPRange
+from ipam.retry import Again, Retry, retrying
+from ipam.store.base import (
+    Allocation,
+    Pool,
+    PoolUpdate,
+    PoolView,
+    Reservation,
+    Store,
+)
+from ipam.store.names import pool_name, reservation_name
+
+
+@dataclass
+class _Claims:
+    blocked: set[int] = field(default_factory=set)
+    created: dict[str, str] = field(default_factory=dict)  # reservations made by this call: name -> version
+
+
+class Engine:
+    def __init__(self, store: Store, conf: IpamConfig, retry: Retry | None = None) -> None:
+        self.store, self.conf, self.retry = store, conf, retry or Retry()
+
+    def pool_name(self, rng: IPRange) -> str:
+        return pool_name(rng.cidr, self.conf.network_name)
+
+    def reservation_name(self, rng: IPRange, offset: int) -> str:
+        return reservation_name(str(rng.address(offset)), self.conf.network_name)
+
+    def _retrying[T](self, what: str, attempt: Callable[[], T]) -> T:
+        return retrying(self.retry, what, attempt)
+
+    def _view(self, rng: IPRange) -> PoolView:
+        """The pool as allocation sees it: the store's own view (inside `exclusive()`), else a snapshot."""
+        name = self.pool_name(rng)
+        viewer = getattr(self.store, "view_pool", None)
+        view: PoolView | None
+        if viewer is not None:
+            view = viewer(name)
+        else:
+            pool = self.store.get_pool(name)
+            view = None if pool is None else SnapshotView(pool)
+        if view is None:
+            return SnapshotView(Pool(name, rng.cidr))
+        if not _same_network(view.range, rng):
+            raise CniError(
+                f"pool {name} holds range {view.range!r}, expected {rng.cidr}", code=Code.INVALID_CONFIG
+            )
+        return view
+
+    def _commit(self, view: PoolView, update: PoolUpdate) -> None:
+        self.store.commit_pool(Pool(view.name, view.range, {}, view.version), update)
+
+    # ---- ADD --------------------------------------------------------------------------------------
+
+    def add(self, owner: Allocation) -> list[tuple[IPRange, int]]:
+        """One address per range; on failure the ranges already done are released again."""
+        done: list[tuple[IPRange, int]] = []
+        try:
+            for rng in self.conf.ranges:
+                done.append((rng, self._add_range(rng, owner)))
+        except BaseException:
+            for rng, _ in reversed(done):
+                try:
+                    self._delete_range(rng, owner)
+                except CniError as e:
+                    log.error("rollback of %s in %s failed: %s", owner.container_id, rng.cidr, e)
+            raise
+        return done
+
+    def _add_range(self, rng: IPRange, owner: Allocation) -> int:
+        claims = _Claims()
+        keep = ""
+        try:
+            offset = self._retrying(
+                f"allocating in {rng.cidr}", lambda: self._add_attempt(rng, owner, claims)
+            )
+            keep = self.reservation_name(rng, offset) if self.conf.overlapping else ""
+            return offset
+        finally:
+            self._drop_claims(claims, keep, owner)
+
+    def _atomic(self) -> contextlib.AbstractContextManager[None]:
+        exclusive = getattr(self.store, "exclusive", None)
+        return exclusive() if exclusive is not None else contextlib.nullcontext()
+
+    def _add_attempt(self, rng: IPRange, owner: Allocation, claims: _Claims) -> int:
+        with self._atomic():
+            return self._add_once(rng, owner, claims)
+
+    def _add_once(self, rng: IPRange, owner: Allocation, claims: _Claims) -> int:
+        view = self._view(rng)
+        decision = allocator.allocate(rng, view, owner, frozenset(claims.blocked))
+        if self.conf.overlapping:
+            self._claim(rng, decision, owner, claims)
+        if decision.update:
+            self._commit(view, decision.update)
+        log.debug(
+            "%s %s: %s %s (%s)",
+            owner.container_id,
+            owner.ifname,
+            decision.kind,
+            rng.address(decision.offset),
+            view.name,
+        )
+        return decision.offset
+
+    def _claim(self, rng: IPRange, decision: allocator.Decision, owner: Allocation, claims: _Claims) -> None:
+        name = self.reservation_name(rng, decision.offset)
+        res = self.store.get_reservation(name)
+        if res is None:
+            claims.created[name] = self.store.put_reservation(Reservation(name, owner))
+        elif res.owner.same_attachment(owner):
+            return
+        elif res.owner.same_pod_interface(owner) or _legacy_same_pod(res.owner, owner):
+            version = self.store.put_reservation(Reservation(name, owner, res.version))
+            if name in claims.created:
+                claims.created[name] = version
+        elif decision.kind == "new":
+            claims.blocked.add(decision.offset)
+            raise Again()
+        else:
+            log.error(
+                "%s: pool %s gives it to %s/%s but reservation %s names %s/%s",
+                rng.address(decision.offset),
+                self.pool_name(rng),
+                owner.container_id,
+                owner.ifname,
+                name,
+                res.owner.container_id,
+                res.owner.ifname,
+            )
+
+    def _drop_claims(self, claims: _Claims, keep: str, owner: Allocation) -> None:
+        """Reservations this call created for candidates it did not end up with."""
+        for name, version in claims.created.items():
+            if name == keep:
+                continue
+            try:
+                res = self.store.get_reservation(name)
+                if res is not None and res.version == version and res.owner.same_attachment(owner):
+                    self.store.delete_reservation(res)
+            except CniError as e:
+                log.warning("reservation %s left behind: %s", name, e)
+
+    # ---- DEL --------------------------------------------------------------------------------------
+
+    def delete(self, owner: Allocation) -> None:
+        """Release this attachment in every range; an unknown owner is success."""
+        for rng in self.conf.ranges:
+            self._delete_range(rng, owner)
+
+    def _delete_range(self, rng: IPRange, owner: Allocation) -> None:
+        freed = self._retrying(f"releasing in {rng.cidr}", lambda: self._release(rng, owner))
+        if self.conf.overlapping:
+            for offset in freed:
+                self._unclaim(self.reservation_name(rng, offset), owner.same_attachment)
+
+    def _release(self, rng: IPRange, owner: Allocation) -> list[int]:
+        """Remove this attachment's allocations from one pool (an indexed lookup, no full load)."""
+        with self._atomic():
+            view = self._view(rng)
+            remove = allocator.release(view, owner).remove
+            if remove and view.version is not None:
+                self._commit(view, PoolUpdate(remove=remove))
+            return [int(k) for k in remove if k.isdigit()]
+
+    def _release_where(self, rng: IPRange, doomed: Callable[[Allocation], bool]) -> list[int]:
+        """Remove every allocation `doomed` picks from one pool (GC: reads the whole pool)."""
+        with self._atomic():
+            pool = self.store.get_pool(self.pool_name(rng))
+            if pool is None:
+                return []
+            remove = frozenset(k for k, a in pool.allocations.items() if doomed(a))
+            if remove:
+                self.store.commit_pool(pool, PoolUpdate(remove=remove))
+            return [int(k) for k in remove if k.isdigit()]
+
+    def _unclaim(self, name: str, doomed: Callable[[Allocation], bool]) -> None:
+        def attempt() -> None:
+            with self._atomic():
+                res = self.store.get_reservation(name)
+                if res is not None and doomed(res.owner):
+                    self.store.delete_reservation(res)
+
+        self._retrying(f"releasing reservation {name}", attempt)
+
+    # ---- CHECK / GC -------------------------------------------------------------------------------
+
+    def check(self, owner: Allocation) -> None:
+        for rng in self.conf.ranges:
+            with self._atomic():
+                hit = allocator.find(self._view(rng), owner)
+            if hit is None:
+                raise CheckError(
+                    f"no allocation for container {owner.container_id} {owner.ifname} in "
+                    f"pool {self.pool_name(rng)}"
+                )
+            if self.conf.overlapping:
+                res = self.store.get_reservation(self.reservation_name(rng, int(hit[0])))
+                if res is None or not res.owner.same_attachment(owner):
+                    raise CheckError(
+                        f"{rng.address(int(hit[0]))}: reservation missing or held by another owner"
+                    )
+
+    def gc(self, network: str, node: str, valid: set[tuple[str, str]]) -> None:
+        """Release allocations and reservations recorded for this network and node whose attachment
+        is not in `valid`. Unrecorded network or node (older writers): left alone."""
+
+        def stale(a: Allocation) -> bool:
+            return a.network == network and a.node == node and (a.container_id, a.ifname) not in valid
+
+        errors: list[CniError] = []
+        for rng in self.conf.ranges:
+            try:
+                self._retrying(f"GC in {rng.cidr}", lambda rng=rng: self._release_where(rng, stale))  # type: ignore[misc]
+            except CniError as e:
+                errors.append(e)
+        if self.conf.overlapping:
+            try:
+                for res in self.store.iter_reservations():
+                    if stale(res.owner):
+                        self._unclaim(res.name, stale)
+            except CniError as e:
+                errors.append(e)
+        if errors:
+            raise CniError("GC: " + "; ".join(e.msg for e in errors), code=int(errors[0].code))
+
+
+def _same_network(stored: str, rng: IPRange) -> bool:
+    """spec.range as written by us or upstream (host bits set or not) names the same network."""
+    try:
+        return ipaddress.ip_network(stored, strict=False) == rng.network
+    except ValueError:
+        return False
+
+
+def _legacy_same_pod(held: Allocation, owner: Allocation) -> bool:
+    """A reservation written by upstream whereabouts (no container id) for the same pod."""
+    return (
+        not held.container_id
+        and bool(owner.podref)
+        and held.podref == owner.podref
+        and held.ifname in ("", owner.ifname)
+    )

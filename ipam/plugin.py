@@ -1,0 +1,136 @@
+"""The `whereabouts` IPAM plugin: add/delete/check/status/gc over ipam.engine. Never imports pyroute2
+or a store client at module level; the store named by the config is opened per call and closed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from cni import log, spec
+from cni.errors import ConfigError, NotAvailableError, TryAgainError
+from cni.types.netconf import Request
+from cni.types.result import IPConfig, Result
+from ipam import config
+from ipam.config import IpamConfig
+from ipam.engine import Engine
+from ipam.ranges import IPRange
+from ipam.store.base import Allocation
+
+
+def load(req: Request) -> IpamConfig:
+    section = req.conf.get("ipam")
+    if not isinstance(section, dict):
+        raise ConfigError("ipam: required (an object)")
+    conf = config.load(section)
+    log.configure(conf.log_level or None, conf.log_file or None, "whereabouts")
+    return conf
+
+
+def node_name(req: Request, section: dict[str, object]) -> str:
+    """NODENAME, else the `nodename` file next to the flat file (upstream's installer writes one),
+    else the kernel's host name."""
+    if req.env.get("NODENAME"):
+        return str(req.env["NODENAME"])
+    where = section.get("configuration_path")
+    for directory in ([where] if isinstance(where, str) and where else []) + ["/etc/cni/net.d/whereabouts.d"]:
+        path = directory if os.path.isdir(directory) else os.path.dirname(directory)
+        with contextlib.suppress(OSError), open(os.path.join(path, "nodename")) as fh:
+            name = fh.read().strip()
+            if name:
+                return name
+    return os.uname().nodename
+
+
+def owner(req: Request) -> Allocation:
+    a = req.args
+    return Allocation(
+        req.container_id,
+        a.pod_ref,
+        req.ifname,
+        a.pod_uid,
+        req.name,
+        node_name(req, req.conf.get("ipam") or {}),
+    )
+
+
+@contextlib.contextmanager
+def engine(conf: IpamConfig) -> Iterator[Engine]:
+    from ipam.store.select import open_store
+
+    store = open_store(conf.store)
+    try:
+        yield Engine(store, conf)
+    finally:
+        store.close()
+
+
+def result(conf: IpamConfig, got: list[tuple[IPRange, int]]) -> Result:
+    ips = []
+    for rng, offset in got:
+        address = rng.interface(offset)
+        gw = conf.gateway if conf.gateway is not None and conf.gateway.version == address.version else None
+        ips.append(IPConfig(address, gw))
+    ips.extend(IPConfig(s.address, s.gateway) for s in conf.addresses)
+    return Result(ips=tuple(ips), routes=conf.routes, dns=conf.dns)
+
+
+def check_version_fits(conf: IpamConfig, version: str) -> None:
+    """cniVersion 0.1.0/0.2.0 results carry one address per family: refuse before allocating."""
+    if spec.family(version) != "0.2":
+        return
+    versions = [r.version for r in conf.ranges] + [s.address.version for s in conf.addresses]
+    for family in (4, 6):
+        if versions.count(family) > 1:
+            raise ConfigError(
+                f"ipam: cniVersion {version} results hold one IPv{family} address, this config "
+                f"yields {versions.count(family)} (use cniVersion 0.3.0 or newer)"
+            )
+
+
+def add(req: Request) -> Result:
+    conf = load(req)
+    check_version_fits(conf, req.version)
+    who = owner(req)
+    with engine(conf) as e:
+        got = e.add(who)
+    log.info(
+        "ADD %s %s (%s): %s",
+        req.container_id,
+        req.ifname,
+        who.podref or "no pod",
+        ", ".join(str(r.address(o)) for r, o in got),
+    )
+    return result(conf, got)
+
+
+def delete(req: Request) -> None:
+    conf = load(req)
+    with engine(conf) as e:
+        e.delete(owner(req))
+    log.info("DEL %s %s released", req.container_id, req.ifname)
+
+
+def check(req: Request) -> None:
+    conf = load(req)
+    with engine(conf) as e:
+        e.check(owner(req))
+
+
+def status(req: Request) -> None:
+    conf = load(req)
+    try:
+        with engine(conf) as e:
+            e.store.ping()
+    except TryAgainError as err:
+        raise NotAvailableError(err.msg, err.details) from None
+
+
+def gc(req: Request) -> None:
+    valid = req.valid_attachments()
+    if valid is None:
+        log.warning("GC without cni.dev/valid-attachments: nothing released")
+        return
+    conf = load(req)
+    with engine(conf) as e:
+        e.gc(req.name, node_name(req, req.conf.get("ipam") or {}), valid)

@@ -1,0 +1,160 @@
+"""Release allocations and reservations whose pod is gone; never one whose pod exists.
+
+A pod is gone when the source says it does not exist, or when it exists with another UID than the one
+recorded (the name was reused by a new pod: StatefulSets). Allocations without a pod reference
+(podman, cnitool) and pods the source cannot vouch for are left alone. Removal is compare-and-swap:
+an entry that changed since it was judged (a kubelet re-ADD took it over) is not touched.
+
+Memory stays bounded: one pool at a time from the store's paging iterator, pod answers in a bounded
+LRU, findings streamed to a callback instead of collected."""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cni import log
+from cni.errors import CniError
+from ipam.podsource import PodInfo, PodSource, PodSourceError
+from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, Store
+
+CACHE = 4096
+CAS_TRIES = 5
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str  # "allocation" or "reservation"
+    where: str  # pool or reservation name
+    ip: str  # "" for reservations (their name is the IP, with an optional network prefix)
+    owner: Allocation
+    reason: str
+
+
+@dataclass
+class Report:
+    found: int = 0  # judged gone (freed, or listed on a dry run)
+    freed: int = 0
+    kept: int = 0
+    skipped: int = 0  # no pod reference, pod unknown, or changed meanwhile
+    errors: list[str] = field(default_factory=list)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        store: Store,
+        pods: PodSource,
+        dry_run: bool = False,
+        on_finding: Callable[[Finding], None] = lambda f: None,
+        cache: int = CACHE,
+    ) -> None:
+        self.store, self.pods, self.dry_run, self.on_finding = store, pods, dry_run, on_finding
+        self._cache: OrderedDict[tuple[str, str], PodInfo | None] = OrderedDict()
+        self._cache_size = cache
+
+    def _lookup(self, namespace: str, name: str) -> PodInfo | None:
+        key = (namespace, name)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        pod = self.pods.lookup(namespace, name)
+        self._cache[key] = pod
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return pod
+
+    def verdict(self, owner: Allocation) -> str | None:
+        """Why this owner is gone, or None if it is (or may be) alive. Raises PodSourceError."""
+        if "/" not in owner.podref:
+            return None
+        namespace, name = owner.podref.split("/", 1)
+        pod = self._lookup(namespace, name)
+        if pod is None:
+            return "pod gone"
+        if owner.pod_uid and pod.uid and owner.pod_uid != pod.uid:
+            return f"pod recreated (uid {owner.pod_uid} is now {pod.uid})"
+        return None
+
+    def run(self) -> Report:
+        self._cache.clear()
+        report = Report()
+        for pool in self.store.iter_pools():
+            self._pool(pool, report)
+        for res in self.store.iter_reservations():
+            self._reservation(res, report)
+        return report
+
+    def _judge(self, owner: Allocation, report: Report) -> str | None:
+        if "/" not in owner.podref:
+            report.skipped += 1
+            return None
+        try:
+            reason = self.verdict(owner)
+        except PodSourceError as e:
+            report.skipped += 1
+            log.warning("pod %s unknown, left alone: %s", owner.podref, e)
+            return None
+        report.kept += reason is None
+        return reason
+
+    def _pool(self, pool: Pool, report: Report) -> None:
+        net = ipaddress.ip_network(pool.range, strict=False)
+        doomed: dict[str, Allocation] = {}
+        for key, owner in pool.allocations.items():
+            reason = self._judge(owner, report)
+            if reason is not None and key.isdigit():
+                doomed[key] = owner
+                report.found += 1
+                self.on_finding(
+                    Finding("allocation", pool.name, str(net.network_address + int(key)), owner, reason)
+                )
+        if doomed and not self.dry_run:
+            report.freed += self._release(pool, doomed, report)
+
+    def _release(self, pool: Pool, doomed: dict[str, Allocation], report: Report) -> int:
+        for _ in range(CAS_TRIES):
+            remove = frozenset(k for k, a in doomed.items() if pool.allocations.get(k) == a)
+            report.skipped += len(doomed) - len(remove)
+            doomed = {k: doomed[k] for k in remove}
+            if not remove:
+                return 0
+            try:
+                self.store.commit_pool(pool, PoolUpdate(remove=remove))
+                return len(remove)
+            except Conflict:
+                fresh = self.store.get_pool(pool.name)
+                if fresh is None:
+                    return 0
+                pool = fresh
+        report.errors.append(f"pool {pool.name}: gave up after {CAS_TRIES} conflicts")
+        return 0
+
+    def _reservation(self, res: Reservation, report: Report) -> None:
+        reason = self._judge(res.owner, report)
+        if reason is None:
+            return
+        report.found += 1
+        self.on_finding(Finding("reservation", res.name, "", res.owner, reason))
+        if self.dry_run:
+            return
+        try:
+            self.store.delete_reservation(res)
+            report.freed += 1
+        except Conflict:
+            report.skipped += 1  # changed since it was read: judged again next run
+
+
+def run_forever(
+    make: Callable[[], Reconciler], interval: float, stop: threading.Event, report: Callable[[Report], None]
+) -> None:
+    """Run every `interval` seconds until `stop` is set; one failed run is logged, not fatal."""
+    while not stop.is_set():
+        try:
+            report(make().run())
+        except CniError as e:
+            log.error("reconcile run failed: %s", e)
+        stop.wait(interval)

@@ -1,0 +1,52 @@
+"""Retrying one store operation: compare-and-swap conflicts with jittered exponential backoff under a
+deadline (then code 11 saying so), an unreachable store for a short grace (then its own code 11),
+and `Again` (try a new candidate at once) without sleeping."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cni.errors import TryAgainError
+from ipam.store.base import Conflict, StoreUnavailable
+
+
+@dataclass(frozen=True)
+class Retry:
+    deadline: float = 30.0  # seconds for one operation under contention
+    outage: float = 3.0  # how long an unreachable store is retried before code 11
+    base: float = 0.004  # first backoff; doubles per conflict, full jitter
+    cap: float = 1.0
+    clock: Callable[[], float] = field(default=time.monotonic, compare=False)
+    sleep: Callable[[float], None] = field(default=time.sleep, compare=False)
+    rand: Callable[[], float] = field(default=random.random, compare=False)
+
+
+class Again(Exception):
+    """The attempt learnt something (a candidate is taken elsewhere): run it again at once."""
+
+
+def retrying[T](policy: Retry, what: str, attempt: Callable[[], T]) -> T:
+    clock = policy.clock
+    start, conflicts, down_since = clock(), 0, None
+    while True:
+        try:
+            return attempt()
+        except Again:
+            if clock() - start > policy.deadline:
+                raise TryAgainError(f"{what}: gave up: candidates keep being taken elsewhere") from None
+            continue
+        except Conflict:
+            conflicts += 1
+            if clock() - start > policy.deadline:
+                raise TryAgainError(
+                    f"{what}: gave up after {conflicts} conflicting writes in {policy.deadline:g}s"
+                ) from None
+        except StoreUnavailable:
+            down_since = clock() if down_since is None else down_since
+            if clock() - down_since >= policy.outage or clock() - start > policy.deadline:
+                raise
+            conflicts += 1
+        policy.sleep(policy.rand() * min(policy.cap, policy.base * 2 ** min(conflicts, 16)))

@@ -1,0 +1,24 @@
+"""Open the store a configuration names. Store modules are imported only here and only the one asked
+for, so a plugin run never imports a client library it does not use. Each store module exposes
+`open_store(conf: StoreConfig) -> Store`."""
+
+from __future__ import annotations
+
+import importlib
+
+from cni.errors import ConfigError
+from ipam.config import StoreConfig
+from ipam.store.base import Store
+
+MODULES = {"local": "ipam.store.local", "kubernetes": "ipam.store.kube", "etcd": "ipam.store.etcd"}
+
+
+def open_store(conf: StoreConfig) -> Store:
+    try:
+        module = importlib.import_module(MODULES[conf.datastore])
+    except ModuleNotFoundError as e:
+        raise ConfigError(
+            f'ipam.datastore: "{conf.datastore}" is not available in this build ({e.name})'
+        ) from None
+    store: Store = module.open_store(conf)
+    return store

@@ -1,0 +1,31 @@
+"""Stores the concurrency tests run against. A store joins by adding one entry: a context manager that,
+given a temp dir, yields a `Target`: the ipam keys that point a plugin process at the store, and a way
+to open a handle for the checker. (Like tests/contract/factories.py, but for whole plugin processes.)"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ipam.store.base import Store
+
+
+@dataclass(frozen=True)
+class Target:
+    ipam: dict[str, Any]  # merged into every ipam section
+    open: Callable[[], Store]
+
+
+@contextlib.contextmanager
+def local(tmp: Path) -> Iterator[Target]:
+    from ipam.store.local import LocalStore
+
+    db = str(tmp / "state" / "whereabouts.db")
+    yield Target({"local_db": db}, lambda: LocalStore(db))
+
+
+TARGETS: dict[str, Callable[[Path], AbstractContextManager[Target]]] = {"local": local}

@@ -1,0 +1,73 @@
+"""Store factories for the contract suite. A new store joins the suite by adding one entry to FACTORIES:
+a context manager that, given a temp dir, yields a `Factory`.
+
+A Factory opens any number of handles onto ONE shared backend (`open()`; each handle is used by one
+thread), and one handle onto a backend that cannot be reached (`unreachable()`: every method must raise
+StoreUnavailable). Factories that need something the machine lacks raise pytest.skip with the reason."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Protocol
+
+from ipam.store.base import Store
+
+
+class Factory(Protocol):
+    def open(self) -> Store: ...
+
+    def unreachable(self) -> Store: ...
+
+
+class _Memory:
+    def __init__(self) -> None:
+        from ipam.store.memory import Backend
+
+        self.backend = Backend()
+
+    def open(self) -> Store:
+        from ipam.store.memory import MemoryStore
+
+        return MemoryStore(self.backend)
+
+    def unreachable(self) -> Store:
+        from ipam.store.memory import Backend, MemoryStore
+
+        return MemoryStore(Backend(down=True))
+
+
+@contextlib.contextmanager
+def memory(tmp: Path) -> Iterator[Factory]:
+    yield _Memory()
+
+
+class _Local:
+    def __init__(self, tmp: Path) -> None:
+        self.path = tmp / "state" / "whereabouts.db"
+        self.tmp = tmp
+
+    def open(self) -> Store:
+        from ipam.store.local import LocalStore
+
+        return LocalStore(str(self.path))
+
+    def unreachable(self) -> Store:
+        from ipam.store.local import LocalStore
+
+        blocker = self.tmp / "not-a-directory"
+        blocker.write_text("")
+        return LocalStore(str(blocker / "whereabouts.db"))
+
+
+@contextlib.contextmanager
+def local(tmp: Path) -> Iterator[Factory]:
+    yield _Local(tmp)
+
+
+FACTORIES: dict[str, Callable[[Path], AbstractContextManager[Factory]]] = {
+    "memory": memory,
+    "local": local,
+}

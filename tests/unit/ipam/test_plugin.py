@@ -1,0 +1,200 @@
+"""The whereabouts plugin through skel (in-process) on the local store, and as a process: result
+shapes per version, error objects and codes, GC keys, and the import boundary (no pyroute2)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni import jsonio, skel
+from tests.nsutil import REPO
+
+ARGS = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-a;K8S_POD_UID=uid-a"
+
+
+@pytest.fixture
+def conf(tmp_path: Path) -> dict[str, Any]:
+    flat = tmp_path / "whereabouts.conf"
+    flat.write_text("{}")
+    return {
+        "cniVersion": "1.1.0",
+        "name": "netA",
+        "type": "macvlan",
+        "ipam": {
+            "type": "whereabouts",
+            "range": "198.51.100.0/24",
+            "gateway": "198.51.100.1",
+            "ipRanges": [{"range": "2001:db8::/64"}],
+            "routes": [{"dst": "198.18.0.0/15"}],
+            "local_db": str(tmp_path / "db" / "ipam.db"),
+            "configuration_path": str(flat),
+        },
+    }
+
+
+def call(
+    command: str,
+    conf: dict[str, Any],
+    cid: str = "c1",
+    ifname: str = "net1",
+    args: str = ARGS,
+    extra: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    env = {
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": cid,
+        "CNI_NETNS": "/run/netns/none",
+        "CNI_IFNAME": ifname,
+        "CNI_PATH": "/usr/lib/cni",
+        "CNI_ARGS": args,
+        "NODENAME": "node1",
+        **(extra or {}),
+    }
+    out = io.BytesIO()
+    rc = skel.run("whereabouts", env, io.BytesIO(jsonio.dumps(conf)), out)
+    text = out.getvalue()
+    return rc, jsonio.loads(text) if text.strip() else None
+
+
+def test_add_result_and_idempotency(conf: dict[str, Any]) -> None:
+    rc, out = call("ADD", conf)
+    assert rc == 0, out
+    assert out == {
+        "cniVersion": "1.1.0",
+        "ips": [{"address": "198.51.100.2/24", "gateway": "198.51.100.1"}, {"address": "2001:db8::1/64"}],
+        "routes": [{"dst": "198.18.0.0/15"}],
+    }
+    assert call("ADD", conf)[1] == out
+    rc, other = call("ADD", conf, cid="c2", args="K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-b")
+    assert other["ips"][0]["address"] == "198.51.100.3/24"
+
+
+@pytest.mark.parametrize("version", ["0.2.0", "0.3.1", "0.4.0", "1.0.0"])
+def test_result_in_every_version(conf: dict[str, Any], version: str) -> None:
+    rc, out = call("ADD", {**conf, "cniVersion": version})
+    assert rc == 0, out
+    if version == "0.2.0":
+        assert out["ip4"]["ip"] == "198.51.100.2/24" and out["ip6"]["ip"] == "2001:db8::1/64"
+    else:
+        assert [ip["address"] for ip in out["ips"]] == ["198.51.100.2/24", "2001:db8::1/64"]
+        assert ("version" in out["ips"][0]) == version.startswith("0.")
+
+
+def test_old_versions_cannot_carry_two_addresses_of_a_family(conf: dict[str, Any]) -> None:
+    conf["ipam"]["addresses"] = [{"address": "198.51.100.250/24"}]
+    rc, out = call("ADD", {**conf, "cniVersion": "0.2.0"})
+    assert rc == 1 and out["code"] == 7 and "one IPv4 address" in out["msg"]
+    rc, out = call("ADD", {**conf, "cniVersion": "0.3.1"})
+    assert rc == 0 and len(out["ips"]) == 3  # the failed 0.2.0 ADD allocated nothing: .2 is still free
+    assert out["ips"][0]["address"] == "198.51.100.2/24" and out["ips"][2]["address"] == "198.51.100.250/24"
+
+
+def test_del_check_status_gc(conf: dict[str, Any]) -> None:
+    assert call("ADD", conf)[0] == 0
+    assert call("ADD", conf, cid="c2", ifname="net2")[0] == 0
+    assert call("CHECK", conf)[0] == 0
+    assert call("STATUS", conf) == (0, None)
+    rc, out = call("GC", {**conf, "cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "net1"}]})
+    assert rc == 0, out
+    rc, out = call("CHECK", conf, cid="c2", ifname="net2")
+    assert rc == 1 and out["code"] == 105 and "no allocation" in out["msg"]
+    assert call("DEL", conf) == (0, None)
+    assert call("DEL", conf) == (0, None)
+    rc, out = call("CHECK", conf)
+    assert rc == 1 and out["code"] == 105
+
+
+def test_legacy_gc_key(conf: dict[str, Any]) -> None:
+    call("ADD", conf)
+    call("ADD", conf, cid="c2", args="K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-b")
+    assert call("GC", {**conf, "cni.dev/attachments": [{"containerID": "c2", "ifname": "net1"}]})[0] == 0
+    assert (
+        call("ADD", conf, cid="c3", args="K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-c")[1]["ips"][0]["address"]
+        == "198.51.100.2/24"
+    )
+
+
+def test_gc_without_attachments_releases_nothing(conf: dict[str, Any]) -> None:
+    call("ADD", conf)
+    assert call("GC", conf)[0] == 0
+    assert call("CHECK", conf)[0] == 0
+
+
+def test_exhausted_is_our_code(conf: dict[str, Any]) -> None:
+    conf["ipam"]["range"] = "198.51.100.0/30"
+    conf["ipam"]["gateway"] = "198.51.100.1"
+    assert call("ADD", conf)[0] == 0
+    rc, out = call("ADD", conf, cid="c2", args="K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-b")
+    assert rc == 1 and out["code"] == 100 and "198.51.100.0/30" in out["msg"]
+
+
+def test_bad_config_is_code_7_naming_the_field(conf: dict[str, Any]) -> None:
+    conf["ipam"]["exclude"] = ["198.51.100.0/28", "198.51.99.0/28"]
+    rc, out = call("ADD", conf)
+    assert rc == 1 and out["code"] == 7 and out["msg"].startswith("ipam.exclude[1]:")
+
+
+def test_unreachable_store_is_11_on_add_and_del_and_50_on_status(
+    conf: dict[str, Any], tmp_path: Path
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    conf["ipam"]["local_db"] = str(blocker / "ipam.db")
+    for command in ("ADD", "DEL"):
+        rc, out = call(command, conf)
+        assert rc == 1 and out["code"] == 11, out
+    rc, out = call("STATUS", conf)
+    assert rc == 1 and out["code"] == 50
+
+
+def test_missing_ipam_section() -> None:
+    rc, out = call("ADD", {"cniVersion": "1.0.0", "name": "n", "type": "whereabouts"})
+    assert rc == 1 and out["code"] == 7 and out["msg"].startswith("ipam:")
+
+
+def test_ipam_path_never_imports_pyroute2(conf: dict[str, Any]) -> None:
+    """A fresh interpreter runs ADD exactly as `python -m cni whereabouts` does, then lists sys.modules
+    (importlib.import_module bypasses -X importtime, so that cannot be the probe)."""
+    env = {
+        **os.environ,
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": "c9",
+        "CNI_NETNS": "/run/netns/none",
+        "CNI_IFNAME": "net1",
+        "CNI_PATH": "/usr/lib/cni",
+        "CNI_ARGS": ARGS,
+        "PYTHONPATH": str(REPO),
+    }
+    code = (
+        "import sys; from cni.__main__ import main; rc = main(['python', 'whereabouts']); "
+        "sys.stderr.write('MODULES ' + ' '.join(sorted(sys.modules)))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        input=jsonio.dumps(conf),
+        env=env,
+        capture_output=True,
+        check=False,
+        cwd=REPO,
+    )
+    assert b'"ips"' in proc.stdout, proc.stdout + proc.stderr
+    imported = set(proc.stderr.decode().rsplit("MODULES ", 1)[1].split())
+    assert {"ipam.plugin", "ipam.engine", "ipam.store.local", "sqlite3"} <= imported  # the probe works
+    assert not [m for m in imported if m.startswith("pyroute2") or m.startswith("cni.netlink")]
+    assert not [m for m in imported if m.split(".")[0] in ("kubernetes", "etcd3", "grpc", "yaml")]
+
+
+def test_store_module_missing_from_the_build_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cni.errors import ConfigError
+    from ipam.config import StoreConfig
+    from ipam.store import select
+
+    monkeypatch.setitem(select.MODULES, "etcd", "ipam.store.no_such_store")
+    with pytest.raises(ConfigError, match=r'ipam\.datastore: "etcd" is not available in this build'):
+        select.open_store(StoreConfig("etcd"))
