@@ -1,8 +1,9 @@
 """Neighbour announcements on the wire after an ADD through libcni, captured on the far end of the
 uplink. Both plugins set arp_notify before the link goes up, and the kernel then sends a gratuitous ARP
 for every IPv4 address on it. For IPv6, Debian's 1.1.1 announces nothing (no ndisc_notify; upstream
-added it in plugins#974, and the kernel sends that NA only once DAD is over); pycni sends an unsolicited
-NA for every IPv6 address during the ADD itself."""
+added it in plugins#974); pycni sets ndisc_notify, so the kernel sends an unsolicited NA for every IPv6
+address as soon as DAD is over (about a second after the ADD; sending one for a tentative address
+would break RFC 4862), which is why the capture window is 3 s."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def open_capture(host: str, ifname: str) -> socket.socket:
     return sock
 
 
-def announced(sock: socket.socket, window: float = 1.0) -> set[str]:
+def announced(sock: socket.socket, window: float = 3.0) -> set[str]:
     """Addresses seen in gratuitous ARPs (sender IP == target IP) and unsolicited NAs (to ff02::1),
     from frames queued during the ADD plus `window` seconds after it."""
     seen: set[str] = set()
