@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv deps lint typecheck unit test demo bench driver clean
+.PHONY: all venv deps lint typecheck unit test demo bench driver bundle clean
 all: venv
 
 $(STAMP): pyproject.toml
@@ -25,6 +25,10 @@ deps:
 driver: $(VENV)/bin/cnidriver
 $(VENV)/bin/cnidriver: tests/e2e/driver/main.go | venv
 	bash tests/e2e/driver/build.sh $@
+
+# The frozen multicall bundle and the ready CNI_PATH dir dist/cni-bin (bundler/build.py).
+bundle: venv
+	$(PY) -m bundler.build
 
 lint: venv
 	$(VENV)/bin/ruff check cni ipam bundler tests

@@ -1,5 +1,5 @@
-"""Plugin name -> module. The multicall entry dispatches on it and the PyInstaller build takes its
-hidden-import list from it, so there is one list, not two."""
+"""Plugin name -> module. The multicall entry dispatches on it, the bundle build makes one CNI_PATH entry
+per name from it and takes its hidden-import list from it: one list, not two."""
 
 from __future__ import annotations
 
@@ -7,13 +7,22 @@ PLUGINS: dict[str, str] = {
     "macvlan": "cni.plugins.macvlan",
 }
 
+# IPAM types served in-process when CNI_PATH resolves to this bundle (see cni.delegate).
+IN_PROCESS_IPAM: dict[str, str] = {}
+
+# Entries of the bundle that are not CNI plugins: name -> module with `main(argv: list[str]) -> int`.
+TOOLS: dict[str, str] = {
+    "pycni-install": "bundler.install",
+}
+
 # Modules imported lazily on some path (not visible to PyInstaller's import scan).
-LAZY_MODULES: tuple[str, ...] = (*PLUGINS.values(),)
+LAZY_MODULES: tuple[str, ...] = (*PLUGINS.values(), *IN_PROCESS_IPAM.values(), *TOOLS.values())
 
 
 def module_for(name: str) -> str | None:
     return PLUGINS.get(name)
 
 
-# IPAM types served in-process when CNI_PATH resolves to this bundle (see cni.delegate).
-IN_PROCESS_IPAM: dict[str, str] = {}
+def entries() -> tuple[str, ...]:
+    """Every executable name the bundle answers to (one symlink each in the cni-bin dir)."""
+    return (*sorted(PLUGINS), *sorted(TOOLS))

@@ -1,0 +1,52 @@
+"""The PyInstaller options of the bundle, in one place (read by bundler/pycni.spec).
+
+Start-up cost is what a CNI plugin pays on every call, so each choice here is measured
+(tests/bench/startup.py):
+- onedir, never onefile: onefile extracts the whole bundle to a temp dir on every call.
+- no UPX: decompressing libpython on every exec costs more than the disk it saves.
+- strip: the pyenv libpython carries debug info (30 MB -> ~5 MB); fewer pages to map and to ship.
+- runtime hooks dropped: PyInstaller adds pyi_rth_inspect (imports inspect and zipfile and lists
+  base_library.zip: ~20 ms per call), pyi_rth_pkgutil and pyi_rth_multiprocessing whenever those modules
+  are anywhere in the import graph. pycni never needs what they patch (no source lookup, no pkgutil
+  module iteration over the frozen tree, no multiprocessing).
+- hidden imports are cni.registry.LAZY_MODULES: the plugin/tool modules the dispatcher imports by name.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+OPTIMIZE = int(os.environ.get("PYCNI_OPTIMIZE", "1"))
+NOARCHIVE = os.environ.get("PYCNI_NOARCHIVE", "0") == "1"
+STRIP = os.environ.get("PYCNI_STRIP", "1") == "1"
+DROP_HOOKS = os.environ.get("PYCNI_KEEP_HOOKS", "0") != "1"
+
+RUNTIME_HOOKS_DROPPED = ("pyi_rth_inspect", "pyi_rth_pkgutil", "pyi_rth_multiprocessing")
+
+# Never imported on any pycni path but pulled into the graph by pyroute2's package __init__ (which
+# cni.netlink.codec deliberately never runs) or by the stdlib: size only, no start-up cost.
+EXCLUDES: list[str] = [
+    "tkinter", "unittest", "pydoc", "doctest", "lib2to3", "idlelib", "ensurepip", "venv",
+    "xmlrpc", "pyroute2.ndb", "pyroute2.iproute", "pyroute2.ipdb", "pyroute2.remote", "pyroute2.nslink",
+    "pyroute2.cli", "pyroute2.dhcp", "pyroute2.wiset", "pyroute2.ipset", "pyroute2.nftables",
+]
+
+
+def hidden_imports(entry: str) -> list[str]:
+    if os.path.basename(entry) != "entry.py":
+        return []
+    from cni.registry import LAZY_MODULES
+
+    return list(LAZY_MODULES)
+
+
+def drop_runtime_hooks(scripts: Any) -> Any:
+    if not DROP_HOOKS:
+        return scripts
+    return [s for s in scripts if s[0] not in RUNTIME_HOOKS_DROPPED]
+
+
+def python_options() -> list[tuple[str, None, str]]:
+    """Interpreter options baked into the bootloader; PYCNI_IMPORTTIME=1 for start-up profiling."""
+    return [("X importtime", None, "OPTION")] if os.environ.get("PYCNI_IMPORTTIME") == "1" else []
