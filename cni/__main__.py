@@ -32,17 +32,17 @@ def build_id() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cni.registry import PLUGINS, TOOLS
+    from cni.registry import TOOLS, entries, resolve
 
     argv = sys.argv if argv is None else argv
-    name, rest = os.path.basename(argv[0]), argv[1:]
-    if name not in PLUGINS and name not in TOOLS:
-        if not rest:
-            known = ", ".join((*sorted(PLUGINS), *sorted(TOOLS)))
-            sys.stderr.write(f"usage: {name} PLUGIN  (one of: {known})\n")
+    name, rest = resolve(os.path.basename(argv[0])), argv[1:]
+    if name is None:
+        name = resolve(rest[0]) if rest else None
+        if name is None:
+            sys.stderr.write(f"usage: {os.path.basename(argv[0])} PLUGIN  (one of: {', '.join(entries())})\n")
             return 2
-        name, rest = rest[0], rest[1:]
-    if name in TOOLS:
+        rest = rest[1:]
+    if name in TOOLS and not (rest == [] and os.environ.get("CNI_COMMAND") == "VERSION"):
         return _tool(name, rest)
     from cni.skel import run
 

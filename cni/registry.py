@@ -23,6 +23,15 @@ def module_for(name: str) -> str | None:
     return PLUGINS.get(name)
 
 
+def resolve(entry: str) -> str | None:
+    """The plugin or tool an executable name stands for: exact, or a prefixed plugin name installed with
+    `pycni-install --prefix` ("pycni-macvlan" -> "macvlan"; the longest plugin name wins)."""
+    if entry in PLUGINS or entry in TOOLS:
+        return entry
+    matches = [p for p in PLUGINS if entry.endswith(p) and len(entry) > len(p)]
+    return max(matches, key=len) if matches else None
+
+
 def entries() -> tuple[str, ...]:
     """Every executable name the bundle answers to (one symlink each in the cni-bin dir)."""
     return (*sorted(PLUGINS), *sorted(TOOLS))
