@@ -68,8 +68,10 @@ def test_frozen_installer_installs_its_own_bundle(cni_bin: Path, tmp_path: Path)
     conf_dir.mkdir()
     before = (snapshot(bin_dir), snapshot(conf_dir))
     args = ["--cni-bin-dir", str(bin_dir), "--cni-conf-dir", str(conf_dir), "--ipam-datastore", "local"]
+
     def installer(*extra: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run([str(cni_bin / "pycni-install"), *args, *extra], capture_output=True, check=False)
+        cmd = [str(cni_bin / "pycni-install"), *args, *extra]
+        return subprocess.run(cmd, capture_output=True, check=False)
 
     run = installer("--once")
     assert run.returncode == 0 and run.stdout == b"changed\n", run.stderr
