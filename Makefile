@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv deps lint typecheck unit test demo bench driver bundle clean
+.PHONY: all venv deps lint typecheck unit test demo bench bench-bundle driver bundle clean
 all: venv
 
 $(STAMP): pyproject.toml
@@ -37,14 +37,21 @@ lint: venv
 unit: venv
 	$(VENV)/bin/pytest -q tests/unit
 
-test: deps venv driver lint
+# Two passes: everything from source, then the integration and e2e suites against the frozen entries.
+test: deps venv driver lint bundle
 	$(VENV)/bin/pytest -q tests
+	PYCNI_PLUGIN_DIR=$(CURDIR)/dist/cni-bin $(VENV)/bin/pytest -q tests/integration tests/e2e
 
 demo: deps venv
 	$(PY) -m tests.demo
 
 bench: deps venv driver
 	$(PY) -m tests.bench.macvlan
+
+# Bundle size, cold VERSION and ADD+DEL vs Debian's Go plugins, empty-bundle floor (not a timed test).
+bench-bundle: deps venv driver bundle
+	$(PY) -m bundler.build --empty
+	$(PY) -m tests.bench.bundle
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
