@@ -105,7 +105,8 @@ def main() -> int:
         print(f"  {name:24s} {fmt(xs)}")
     go = statistics.median(v["Go macvlan (Debian)"])
     frozen = statistics.median(v["pycni frozen macvlan"])
-    floor, py = statistics.median(v["empty frozen program"]), statistics.median(v["python3.12 -I -c pass"])
+    floor = statistics.median(v["empty frozen program"])
+    py = statistics.median(v["python3.12 -I -c pass"])
     print(f"  ratio frozen/Go: {frozen / go:.1f}x   empty-bundle floor / python -I -c pass: {floor / py:.2f}x")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

@@ -93,3 +93,16 @@ def test_upgrade_storm_with_the_frozen_bundle(cni_bin: Path, tmp_path: Path) -> 
     install.uninstall(cli.options(cli.parse(
         ["--cni-bin-dir", str(tmp_path / "bin"), "--cni-conf-dir", str(tmp_path / "conf")])))
     assert not (tmp_path / "bin" / state.HOME).exists()
+
+
+def test_dockerfile_and_manifest_paths_exist_in_the_layout(cni_bin: Path) -> None:
+    from tests.nsutil import REPO
+    from tests.unit import test_manifests as tm
+
+    copies, _ = tm.dockerfile()
+    for src, dst in copies:
+        assert (REPO / src).resolve() == cni_bin.resolve(), "the image copies the layout tested here"
+        for cmd in [*tm.commands(), tm.dockerfile()[1]]:
+            rel = Path(cmd[0]).relative_to(dst)
+            if rel.name not in tm.PENDING_ENTRIES:
+                assert (cni_bin / rel).exists(), f"{cmd[0]} is not in the bundle layout"
