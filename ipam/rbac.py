@@ -33,7 +33,8 @@ RULES: dict[str, tuple[Rule, ...]] = {
     ),
     RECONCILER: (
         Rule(WHEREABOUTS, "ippools", ("get", "list", "watch", "update"), namespaced=True),
-        Rule(WHEREABOUTS, "overlappingrangeipreservations", ("get", "list", "watch", "delete"), namespaced=True),
+        Rule(WHEREABOUTS, "overlappingrangeipreservations", ("get", "list", "watch", "delete"),
+             namespaced=True),
         Rule("", "pods", ("get", "list", "watch"), namespaced=False),
         # one elected reconciler at a time
         Rule(COORDINATION, "leases", ("get", "create", "update"), namespaced=True),

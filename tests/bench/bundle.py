@@ -107,7 +107,8 @@ def main() -> int:
     frozen = statistics.median(v["pycni frozen macvlan"])
     floor = statistics.median(v["empty frozen program"])
     py = statistics.median(v["python3.12 -I -c pass"])
-    print(f"  ratio frozen/Go: {frozen / go:.1f}x   empty-bundle floor / python -I -c pass: {floor / py:.2f}x")
+    print(f"  ratio frozen/Go: {frozen / go:.1f}x")
+    print(f"  empty-bundle floor / python -I -c pass: {floor / py:.2f}x")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         go_cycle = cycle_times(tmp / "none", tmp / "go")  # no pycni dir on CNI_PATH: Debian's macvlan
