@@ -41,12 +41,42 @@ EXCLUDES: list[str] = [
 ]
 
 
+FIRST_PARTY = ("cni", "ipam", "bundler")
+
+
 def hidden_imports(entry: str) -> list[str]:
+    """cni.registry.LAZY_MODULES, plus every first-party module as a safety net for a module imported by
+    name that someone forgot to declare (third-party imports inside those modules are found by the scan)."""
     if os.path.basename(entry) != "entry.py":
         return []
     from cni.registry import LAZY_MODULES
 
-    return list(LAZY_MODULES)
+    return [*LAZY_MODULES, *(m for m in first_party_modules() if m not in LAZY_MODULES)]
+
+
+def first_party_modules() -> list[str]:
+    import pkgutil
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = []
+    for pkg in FIRST_PARTY:
+        out.append(pkg)
+        for info in pkgutil.walk_packages([os.path.join(root, pkg)], prefix=f"{pkg}."):
+            out.append(info.name)
+    return out
+
+
+def check_collected(pure: Any, datas: Any, wanted: list[str]) -> None:
+    """Fail the build (not a node, later) when a declared module was not collected. With noarchive the
+    modules are collected as .pyc data files instead of PYZ entries."""
+    have = {entry[0] for entry in pure}
+    for entry in datas:
+        name = str(entry[0])
+        if name.endswith(".pyc"):
+            have.add(name[: -len(".pyc")].removesuffix("/__init__").replace("/", "."))
+    missing = sorted(set(wanted) - have)
+    if missing:
+        raise SystemExit(f"pycni bundle: modules not collected: {', '.join(missing)}")
 
 
 def drop_runtime_hooks(scripts: Any) -> Any:
