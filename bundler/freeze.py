@@ -55,14 +55,18 @@ def hidden_imports(entry: str) -> list[str]:
 
 
 def first_party_modules() -> list[str]:
-    import pkgutil
-
+    """Every module under the first-party packages, from the file tree (namespace packages included:
+    pkgutil would not descend into a directory without __init__.py)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = []
     for pkg in FIRST_PARTY:
-        out.append(pkg)
-        for info in pkgutil.walk_packages([os.path.join(root, pkg)], prefix=f"{pkg}."):
-            out.append(info.name)
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, pkg)):
+            dirnames[:] = sorted(d for d in dirnames if d.isidentifier() and not d.startswith("__"))
+            modules = sorted(f[:-3] for f in filenames if f.endswith(".py") and f != "__init__.py")
+            if not modules and "__init__.py" not in filenames:
+                continue  # data only (bundler/manifests)
+            rel = os.path.relpath(dirpath, root).replace(os.sep, ".")
+            out += [rel, *(f"{rel}.{m}" for m in modules)]
     return out
 
 
@@ -74,6 +78,7 @@ def check_collected(pure: Any, datas: Any, wanted: list[str]) -> None:
         name = str(entry[0])
         if name.endswith(".pyc"):
             have.add(name[: -len(".pyc")].removesuffix("/__init__").replace("/", "."))
+    have |= {m.rsplit(".", i)[0] for m in list(have) for i in range(1, m.count(".") + 1)}  # namespace pkgs
     missing = sorted(set(wanted) - have)
     if missing:
         raise SystemExit(f"pycni bundle: modules not collected: {', '.join(missing)}")

@@ -1,7 +1,7 @@
 """Load every conf-examples file with pycni's own loaders. A plugin or IPAM type that cni.registry does
 not have yet (it lands from another branch) is checked against the field list of the reference docs
-instead: PENDING_TYPES is that TODO hook, and it turns into the real parse by itself once the registry
-has the type (a test then insists the entry is removed from PENDING_TYPES)."""
+instead: PENDING_TYPES is that TODO hook, and it turns into the real parse by itself, with no edit, as
+soon as the registry has the type (a registered type never reaches the field-list check)."""
 
 from __future__ import annotations
 

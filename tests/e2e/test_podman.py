@@ -118,7 +118,7 @@ def test_podman_containers_get_addresses_from_pycni_and_ping(podman: Podman, tmp
     a1, a2 = podman.address("c1"), podman.address("c2")
     assert a1.ip in SUBNET and a2.ip in SUBNET and a1 != a2
     log = (tmp_path / "macvlan.log").read_text()
-    assert log.count("ADD ") == 2 and "macvlan on" in log, "the addresses came through pycni's macvlan"
+    assert log.count(": macvlan on ") == 2, "the addresses came through pycni's macvlan"
     ping = podman("exec", "c1", "ping", "-c", "2", "-W", "2", str(a2.ip), timeout=30)
     assert ping.returncode == 0, ping.stdout + ping.stderr
     ours = "whereabouts" in PLUGINS
