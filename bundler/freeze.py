@@ -36,7 +36,7 @@ EXCLUDES: list[str] = [
     "tkinter", "unittest", "pydoc", "doctest", "lib2to3", "idlelib", "ensurepip", "venv", "xmlrpc",
     # PyInstaller's bootstrap imports ctypes at every start when it is collected (2-3 ms); no pycni path
     # uses it. A merged module that does fails the frozen test pass with ImportError: drop it here then.
-    "ctypes",
+    *(["ctypes"] if os.environ.get("PYCNI_KEEP_CTYPES") != "1" else []),
     *os.environ.get("PYCNI_EXCLUDE", "").split(),
 ]
 
