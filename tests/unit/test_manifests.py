@@ -51,9 +51,12 @@ def test_strict_validation_is_not_a_noop() -> None:
         kubernetes_validate.validate(ds, kubernetes_validate.latest_version(), strict=True)
 
 
-def test_kustomization_lists_every_manifest() -> None:
+def test_kustomization_lists_every_manifest_and_sets_the_image() -> None:
     kust = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
     assert sorted(kust["resources"]) == sorted(str(p.relative_to(MANIFESTS)) for p in resource_files())
+    images = {c["image"].split(":")[0] for kind in ("DaemonSet", "Deployment")
+              for c in by_kind(kind)[0]["spec"]["template"]["spec"]["containers"]}
+    assert images == {i["name"] for i in kust["images"]}
 
 
 @pytest.mark.skipif(not UPSTREAM_CRDS.is_dir(), reason=f"{UPSTREAM_CRDS} (shared/ beside the clone)")
