@@ -20,11 +20,13 @@ class Source:
 
     @staticmethod
     def open(root: Path) -> Source:
-        m = manifest.load(root / manifest.FILENAME)
-        bad = manifest.problems(root, m)
+        return Source(root, manifest.load(root / manifest.FILENAME))
+
+    def verify(self) -> None:
+        """Full check before anything is copied from it (a damaged image must not reach the host)."""
+        bad = manifest.problems(self.root, self.manifest)
         if bad:
-            raise RuntimeError(f"source bundle {root} does not match its manifest: {'; '.join(bad[:5])}")
-        return Source(root, m)
+            raise RuntimeError(f"source bundle {self.root} does not match its manifest: {'; '.join(bad[:5])}")
 
 
 def entry_target(dirname: str, m: manifest.Manifest) -> str:

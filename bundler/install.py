@@ -64,6 +64,7 @@ def _install_bundle(o: Options, st: state.State, full: bool) -> bool:
     reuse = st.build == m.build and home is not None and home.is_dir() and not _files_bad(home, m)
     dirname = st.current if reuse else binaries.fresh_dirname(o.bin_dir, m.build)
     if not reuse:
+        src.verify()
         binaries.copy_bundle(src, o.bin_dir, dirname)
     binaries.switch(o.bin_dir, st, m, dirname, names)
     return True
