@@ -20,7 +20,8 @@ class Storm:
     calls: int = 0
     upgrades: int = 0
     failures: Counter[str] = field(default_factory=Counter)
-    builds_seen: set[str] = field(default_factory=set)
+    switches: int = 0  # upgrades after which the entries pointed at another copy
+    expired: int = 0  # retired copies removed (grace passed) while the loop ran
 
 
 def _invoke(entry: Path, storm: Storm) -> None:
@@ -40,9 +41,10 @@ def _invoke(entry: Path, storm: Storm) -> None:
 
 
 def run(sources: tuple[Path, Path], bin_dir: Path, conf_dir: Path, entry: str,
-        invocations: int = 1000, upgrades: int = 20) -> Storm:
+        invocations: int = 1000, upgrades: int = 20, grace: float = 5.0) -> Storm:
+    """`grace` is far longer than one call, short enough that old copies expire during the storm."""
     storm = Storm()
-    install.install_once(opts(bin_dir, conf_dir, sources[0], "--grace", "3600"))
+    install.install_once(opts(bin_dir, conf_dir, sources[0], "--grace", str(grace)))
     step = max(1, invocations // (upgrades + 1))
     progress = threading.Condition()
 
@@ -50,8 +52,11 @@ def run(sources: tuple[Path, Path], bin_dir: Path, conf_dir: Path, entry: str,
         for k, src in zip(range(1, upgrades + 1), itertools.cycle((sources[1], sources[0])), strict=False):
             with progress:
                 progress.wait_for(lambda k=k: storm.calls >= k * step)
-            install.install_once(opts(bin_dir, conf_dir, src, "--grace", "3600"))
-            storm.builds_seen.add(install.state.load(bin_dir).current)
+            before = install.state.load(bin_dir).current
+            install.install_once(opts(bin_dir, conf_dir, src, "--grace", str(grace)))
+            st = install.state.load(bin_dir)
+            storm.switches += st.current != before
+            storm.expired = k - len(st.retired)  # each upgrade retired one copy
             storm.upgrades += 1
 
     t = threading.Thread(target=upgrader, daemon=True)
