@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from cni import jsonio
@@ -28,14 +28,18 @@ GO_DIR = Path("/usr/lib/cni")
 RUNS = int(os.environ.get("BENCH_RUNS", "30"))
 
 
-def timed(fn: Callable[[], object], runs: int = RUNS) -> list[float]:
-    fn()  # page cache warm, like a node that ran the plugin before
-    out = []
+def timed(fns: Mapping[str, Callable[[], object]], runs: int = RUNS) -> dict[str, list[float]]:
+    """Round-robin over the candidates (one run of each per round), so a change in machine load hits
+    all of them alike and the ratios stay meaningful on a shared machine."""
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()  # page cache warm, like a node that ran the plugin before
     for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t) * 1000)
-    return sorted(out)
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            out[name].append((time.perf_counter() - t) * 1000)
+    return {name: sorted(xs) for name, xs in out.items()}
 
 
 def fmt(xs: list[float]) -> str:
@@ -54,37 +58,47 @@ def disk_usage(root: Path) -> tuple[int, int]:
 def version_times(python: str) -> dict[str, list[float]]:
     env = {"CNI_COMMAND": "VERSION"}
     src_env = {**env, "PYTHONPATH": str(REPO)}
-    return {
-        "Go macvlan (Debian)": timed(lambda: run([str(GO_DIR / "macvlan")], env)),
-        "pycni frozen macvlan": timed(lambda: run([str(DIST / "cni-bin" / "macvlan")], env)),
-        "pycni from source": timed(lambda: run([sys.executable, "-m", "cni", "macvlan"], src_env)),
-        "empty frozen program": timed(lambda: run([str(DIST / "empty-bundle" / "empty" / "empty")])),
-        "python3.12 -I -c pass": timed(lambda: run([python, "-I", "-c", "pass"])),
-    }
+    return timed({
+        "Go macvlan (Debian)": lambda: run([str(GO_DIR / "macvlan")], env),
+        "pycni frozen macvlan": lambda: run([str(DIST / "cni-bin" / "macvlan")], env),
+        "pycni from source": lambda: run([sys.executable, "-m", "cni", "macvlan"], src_env),
+        "empty frozen program": lambda: run([str(DIST / "empty-bundle" / "empty" / "empty")]),
+        "python3.12 -I -c pass": lambda: run([python, "-I", "-c", "pass"]),
+    })
 
 
-def cycle_times(plugin_dir: Path, tmp: Path) -> list[float]:
-    tmp.mkdir(parents=True)
+def cycle_times(tmp: Path) -> dict[str, list[float]]:
+    """ADD then DEL through libcni, Debian's macvlan and pycni's frozen one alternately (both with
+    Debian's host-local), each on its own uplink and pod namespace."""
     topo = nsutil.Topology()
     try:
-        conf = {"cniVersion": "1.0.0", "name": "bench", "plugins": [
-            {"type": "macvlan", "master": topo.uplink,
-             "ipam": {"type": "host-local", "dataDir": str(tmp / "ipam"),
-                      "ranges": [[{"subnet": "198.51.100.0/24"}]]}}]}
-        path = tmp / "bench.conflist"
-        path.write_bytes(jsonio.dumps(conf))
-        pod = topo.pod()
-        env = {"CNI_PATH": f"{plugin_dir}:{GO_DIR}", "CNI_CACHE_DIR": str(tmp / "cache"),
-               "PATH": os.environ["PATH"]}
-
-        def one() -> None:
-            for command in ("add", "del"):
-                run(["ip", "netns", "exec", topo.host, str(bundle_driver.DRIVER), command, str(path), "c1",
-                     pod, "net1"], env)
-
-        return timed(one, max(10, RUNS // 2))
+        fns: dict[str, Callable[[], object]] = {
+            "Go macvlan (Debian)": _cycle(topo, tmp / "none", tmp / "go"),
+            "pycni frozen macvlan": _cycle(topo, DIST / "cni-bin", tmp / "py"),
+        }
+        return timed(fns, max(10, RUNS // 2))
     finally:
         topo.close()
+
+
+def _cycle(topo: nsutil.Topology, plugin_dir: Path, tmp: Path) -> Callable[[], None]:
+    tmp.mkdir(parents=True)
+    master = topo.add_uplink(tmp.name[:2])
+    ipam = {"type": "host-local", "dataDir": str(tmp / "ipam"), "ranges": [[{"subnet": "198.51.100.0/24"}]]}
+    conf = {"cniVersion": "1.0.0", "name": "bench", "plugins": [{"type": "macvlan", "master": master,
+                                                                  "ipam": ipam}]}
+    path = tmp / "bench.conflist"
+    path.write_bytes(jsonio.dumps(conf))
+    pod = topo.pod(tmp.name[:2])
+    env = {"CNI_PATH": f"{plugin_dir}:{GO_DIR}", "CNI_CACHE_DIR": str(tmp / "cache"),
+           "PATH": os.environ["PATH"]}
+
+    def one() -> None:
+        for command in ("add", "del"):
+            run(["ip", "netns", "exec", topo.host, str(bundle_driver.DRIVER), command, str(path), "c1", pod,
+                 "net1"], env)
+
+    return one
 
 
 def main() -> int:
@@ -110,13 +124,13 @@ def main() -> int:
     print(f"  ratio frozen/Go: {frozen / go:.1f}x")
     print(f"  empty-bundle floor / python -I -c pass: {floor / py:.2f}x")
     with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        go_cycle = cycle_times(tmp / "none", tmp / "go")  # no pycni dir on CNI_PATH: Debian's macvlan
-        py_cycle = cycle_times(DIST / "cni-bin", tmp / "py")
+        cycles = cycle_times(Path(d))  # no pycni dir on the Go run's CNI_PATH: Debian's macvlan
     print("\nADD+DEL cycle through libcni (macvlan + host-local), median [p95]:")
-    print(f"  Go macvlan (Debian)      {fmt(go_cycle)}")
-    print(f"  pycni frozen macvlan     {fmt(py_cycle)}")
-    print(f"  ratio frozen/Go: {statistics.median(py_cycle) / statistics.median(go_cycle):.1f}x")
+    for name, xs in cycles.items():
+        print(f"  {name:24s} {fmt(xs)}")
+    go_cycle, py_cycle = (statistics.median(xs) for xs in cycles.values())
+    print(f"  ratio frozen/Go: {py_cycle / go_cycle:.1f}x")
+    print(f"\nload average during the run: {os.getloadavg()[0]:.1f} (2 cores)")
     return 0
 
 
