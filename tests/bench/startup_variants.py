@@ -25,16 +25,6 @@ VARIANTS = {  # cumulative, in the order bundler/freeze.py applies them
 }
 
 
-def median_ms(cmd: list[str], env: dict[str, str] | None = None) -> float:
-    subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=True)
-    xs = []
-    for _ in range(RUNS):
-        t = time.perf_counter()
-        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=True)
-        xs.append((time.perf_counter() - t) * 1000)
-    return statistics.median(xs)
-
-
 def build(dist: Path, knobs: dict[str, str]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYCNI_")} | knobs
     for extra in ([], ["--empty"]):
@@ -42,18 +32,36 @@ def build(dist: Path, knobs: dict[str, str]) -> None:
                        cwd=REPO, check=True, capture_output=True)
 
 
+def measure(cmds: dict[str, tuple[list[str], dict[str, str] | None]]) -> dict[str, float]:
+    """Medians, round-robin over all commands so load changes hit every variant alike."""
+    times: dict[str, list[float]] = {name: [] for name in cmds}
+    for cmd, env in cmds.values():
+        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=True)
+    for _ in range(RUNS):
+        for name, (cmd, env) in cmds.items():
+            t = time.perf_counter()
+            subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=True)
+            times[name].append((time.perf_counter() - t) * 1000)
+    return {name: statistics.median(xs) for name, xs in times.items()}
+
+
 def main() -> int:
-    python = os.path.realpath(sys.executable)
-    print(f"python3.12 -I -c pass: {median_ms([python, '-I', '-c', 'pass']):6.1f} ms")
-    print(f"{'variant':36s} {'empty':>8s} {'VERSION':>8s} {'size':>8s}")
-    for name, knobs in VARIANTS.items():
-        with tempfile.TemporaryDirectory() as d:
-            dist = Path(d)
+    with tempfile.TemporaryDirectory() as d:
+        cmds: dict[str, tuple[list[str], dict[str, str] | None]] = {
+            "python": ([os.path.realpath(sys.executable), "-I", "-c", "pass"], None)}
+        sizes = {}
+        for i, (name, knobs) in enumerate(VARIANTS.items()):
+            dist = Path(d) / str(i)
             build(dist, knobs)
-            empty = median_ms([str(dist / "empty-bundle" / "empty" / "empty")])
-            version = median_ms([str(dist / "cni-bin" / "macvlan")], {"CNI_COMMAND": "VERSION"})
-            size = sum(p.stat().st_size for p in (dist / "cni-bin").rglob("*") if p.is_file())
-            print(f"{name:36s} {empty:6.1f}ms {version:6.1f}ms {size / 2**20:6.1f}MB", flush=True)
+            cmds[f"{name}/empty"] = ([str(dist / "empty-bundle" / "empty" / "empty")], None)
+            cmds[f"{name}/version"] = ([str(dist / "cni-bin" / "macvlan")], {"CNI_COMMAND": "VERSION"})
+            sizes[name] = sum(p.stat().st_size for p in (dist / "cni-bin").rglob("*") if p.is_file())
+        t = measure(cmds)
+    print(f"python3.12 -I -c pass: {t['python']:6.1f} ms   (load average {os.getloadavg()[0]:.1f})")
+    print(f"{'variant':36s} {'empty':>8s} {'VERSION':>8s} {'size':>8s}")
+    for name in VARIANTS:
+        print(f"{name:36s} {t[name + '/empty']:6.1f}ms {t[name + '/version']:6.1f}ms "
+              f"{sizes[name] / 2**20:6.1f}MB")
     return 0
 
 
