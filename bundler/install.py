@@ -6,7 +6,8 @@ Installs the bundle into a versioned directory beside the plugins and switches e
 a new symlink over it; writes the IPAM flat file, a kubeconfig that follows the rotating service-account
 token (tokenFile), and the node name. Without --once it keeps running: re-verifies checksums, repairs what
 was removed or corrupted, refreshes the token copy, and reports ready (--ready-file) only after the first
-complete install. A restart never removes anything; --uninstall removes exactly what was installed."""
+complete install. A restart never removes anything; --uninstall removes exactly what was installed (with
+--once it then exits, without it keeps the node clean and reports ready until SIGTERM)."""
 
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ def _mkdirs(root: Path, d: Path, st: state.State) -> None:
 
 def uninstall(o: Options) -> None:
     if not (o.bin_dir / state.HOME).exists():
-        log.warning("nothing to uninstall in %s", o.bin_dir)
+        log.debug("nothing to uninstall in %s", o.bin_dir)
         return
     with locked(o.bin_dir):
         st = state.load(o.bin_dir)
@@ -122,15 +123,20 @@ def uninstall(o: Options) -> None:
             o.bin_dir.rmdir()
 
 
-def serve(o: Options, interval: float, full_every: int, ready_file: Path | None) -> int:
-    """Long-running mode: install, then re-verify and repair every `interval` seconds until SIGTERM."""
+def serve(o: Options, interval: float, full_every: int, ready_file: Path | None,
+          remove: bool = False) -> int:
+    """Long-running mode: install (or, with `remove`, uninstall), then re-verify and repair every
+    `interval` seconds until SIGTERM. Uninstall mode lets a DaemonSet roll out `--uninstall` and report
+    ready once every node is clean, before the DaemonSet is deleted."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     ready, n = False, 0
     while not stop.is_set():
         try:
-            if install_once(o, full=n % full_every == 0):
+            if remove:
+                uninstall(o)
+            elif install_once(o, full=n % full_every == 0):
                 log.info("install pass %d changed the host", n)
             if not ready and ready_file is not None:
                 fsutil.write_atomic(ready_file, b"ready\n", 0o644)
@@ -153,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args.ready_file and args.ready_file.exists() else 1
     try:
         o = cli.options(args)
-        if args.uninstall:
+        if args.once and args.uninstall:
             uninstall(o)
             return 0
         if args.once:
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         log.error("%s", e)
         return 1
-    return serve(o, args.interval, args.full_verify_every, args.ready_file)
+    return serve(o, args.interval, args.full_verify_every, args.ready_file, remove=args.uninstall)
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def test_frozen_installer_installs_its_own_bundle(cni_bin: Path, tmp_path: Path)
         assert version_call(bin_dir / name).returncode == 0
     again = installer("--once")
     assert again.stdout == b"unchanged\n", again.stderr
-    gone = installer("--uninstall")
+    gone = installer("--uninstall", "--once")
     assert gone.returncode == 0, gone.stderr
     assert (snapshot(bin_dir), snapshot(conf_dir)) == before
 

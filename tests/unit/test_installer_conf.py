@@ -154,3 +154,17 @@ def test_not_ready_until_a_complete_install(tmp_path: Path,
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=10) == 0
     assert p.stderr is not None and b"does not match its manifest" in p.stderr.read()
+
+
+def test_uninstall_mode_cleans_and_reports_ready(tmp_path: Path,
+                                                 serve: Callable[..., subprocess.Popen[bytes]]) -> None:
+    src = fake_layout(tmp_path / "src")
+    bin_dir, conf, ready = tmp_path / "bin", tmp_path / "net.d", tmp_path / "ready"
+    bin_dir.mkdir()
+    install.install_once(opts(bin_dir, conf, src))
+    p = serve("--cni-bin-dir", str(bin_dir), "--cni-conf-dir", str(conf), "--source", str(src),
+              "--ready-file", str(ready), "--ipam-datastore", "local", "--uninstall")
+    assert wait_for(ready.exists)
+    assert list(bin_dir.iterdir()) == [] and not conf.exists()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=10) == 0
