@@ -15,6 +15,7 @@ import pytest
 
 from bundler import cli, hostconf, install
 from cni import jsonio
+from cni.errors import CniError
 from tests.bundle_layouts import FAKE_EXE, fake_layout, opts
 from tests.nsutil import REPO
 
@@ -91,11 +92,14 @@ def test_local_datastore_writes_no_credentials(tmp_path: Path) -> None:
     assert jsonio.loads((conf / hostconf.FLAT).read_bytes())["datastore"] == "local"
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
+def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if cond():
-            return True
+        try:
+            if cond():
+                return True
+        except (OSError, ValueError, CniError):  # a file not there yet, or still the broken one
+            pass
         time.sleep(0.05)
     return False
 
