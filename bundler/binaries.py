@@ -73,7 +73,8 @@ def copy_bundle(src: Source, bin_dir: Path, dirname: str) -> None:
 
 
 def fresh_dirname(bin_dir: Path, build: str) -> str:
-    """`build`, or `build.rN` when a directory of that name exists (it may be executing: never reuse)."""
+    """`build`, or `build.rN` while a directory of that name exists (it may be executing: never write
+    into it; a name comes free again only once its copy has expired)."""
     name, n = build, 1
     while (bin_dir / HOME / name).exists():
         name, n = f"{build}.r{n}", n + 1
@@ -120,6 +121,18 @@ def release_entry(bin_dir: Path, name: str, st: State) -> None:
     if name in st.entries:
         st.entries.remove(name)
     fsutil.fsync_dir(bin_dir)
+
+
+def tidy(bin_dir: Path, st: State) -> None:
+    """After a crash: remove half-written temp entries, adopt bundle copies the state does not know
+    (retired now, so they expire after the grace period like any other)."""
+    for p in [*bin_dir.iterdir(), *(bin_dir / HOME).iterdir()]:
+        if p.name.startswith(".") and fsutil.TMP_MARK in p.name:
+            fsutil.remove_tree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    for p in (bin_dir / HOME).iterdir():
+        if p.is_dir() and p.name not in (DISPLACED, st.current, *st.retired) and not p.name.startswith("."):
+            log.warning("adopting unrecorded bundle copy %s (retired now)", p)
+            st.retired[p.name] = time.time()
 
 
 def expire(bin_dir: Path, st: State, grace: float, now: float | None = None) -> list[str]:

@@ -17,8 +17,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+TMP_MARK = ".pycni-tmp-"
+
+
 def tmp_name(target: Path) -> Path:
-    return target.with_name(f".{target.name}.pycni-tmp-{secrets.token_hex(4)}")
+    return target.with_name(f".{target.name}{TMP_MARK}{secrets.token_hex(4)}")
+
+
+def remove_stale_tmp(directory: Path) -> None:
+    """Temp files a crashed writer left in a directory it writes to."""
+    for p in directory.glob(f".*{TMP_MARK}*"):
+        if not p.is_dir() or p.is_symlink():
+            p.unlink(missing_ok=True)
 
 
 def write_atomic(target: Path, data: bytes, mode: int = 0o600) -> bool:

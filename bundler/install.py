@@ -45,6 +45,7 @@ def install_once(o: Options, full: bool = True) -> bool:
         st = state.load(o.bin_dir)
         st.bin_dir_created = st.bin_dir_created or created
         before = st.to_dict()
+        binaries.tidy(o.bin_dir, st)
         changed = _install_bundle(o, st, full)
         changed = _install_conf(o, st) or changed
         gone = binaries.expire(o.bin_dir, st, o.grace)
@@ -81,6 +82,7 @@ def _install_conf(o: Options, st: state.State) -> bool:
     for rel, data in files.items():
         target = o.conf_dir / rel
         _mkdirs(o.conf_dir, target.parent, st)
+        fsutil.remove_stale_tmp(target.parent)
         changed = fsutil.write_atomic(target, data, 0o600) or changed
         if rel not in st.conf_files:
             st.conf_files.append(rel)

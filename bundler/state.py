@@ -40,8 +40,8 @@ class State:
 
     def to_dict(self) -> dict[str, Any]:
         return {"current": self.current, "build": self.build, "entries": sorted(self.entries),
-                "displaced": sorted(self.displaced), "retired": self.retired,
-                "conf_files": sorted(self.conf_files), "conf_dirs": self.conf_dirs,
+                "displaced": sorted(self.displaced), "retired": dict(self.retired),
+                "conf_files": sorted(self.conf_files), "conf_dirs": list(self.conf_dirs),
                 "bin_dir_created": self.bin_dir_created}
 
 

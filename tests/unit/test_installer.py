@@ -180,3 +180,18 @@ def test_retired_copy_goes_after_grace_without_upgrade(host: tuple[Path, Path, P
     time.sleep(0.3)
     assert install.install_once(opts(bin_dir, conf_dir, tmp_path / "v2", "--grace", "0.2"))
     assert sorted(p.name for p in (bin_dir / ".pycni").iterdir() if p.is_dir()) == [build_id(tmp_path / "v2")]
+
+
+def test_leftovers_of_a_crashed_run_are_cleaned_or_adopted(host: tuple[Path, Path, Path]) -> None:
+    src, bin_dir, conf_dir = host
+    install.install_once(opts(bin_dir, conf_dir, src))
+    home = bin_dir / ".pycni"
+    (home / ".0.0.9-x.pycni-tmp-dead").mkdir()  # a staged copy the crash interrupted
+    (bin_dir / ".macvlan.pycni-tmp-dead").symlink_to("nowhere")  # a symlink never renamed
+    (home / "0.0.9-orphan").mkdir()  # renamed into place, state never saved
+    (conf_dir / "whereabouts.d" / ".nodename.pycni-tmp-dead").write_bytes(b"half")
+    assert install.install_once(opts(bin_dir, conf_dir, src, "--grace", "3600")) is False
+    assert "0.0.9-orphan" in state.load(bin_dir).retired
+    assert [p.name for p in [*bin_dir.rglob("*"), *conf_dir.rglob("*")] if "pycni-tmp" in p.name] == []
+    install.install_once(opts(bin_dir, conf_dir, src, "--grace", "0"))
+    assert not (home / "0.0.9-orphan").exists()
