@@ -61,7 +61,7 @@ def _install_bundle(o: Options, st: state.State, full: bool) -> bool:
     bad = binaries.healthy(o.bin_dir, st, m, names, full)
     if not bad:
         return False
-    log.warning("installing build %s into %s: %s", m.build, o.bin_dir, "; ".join(bad[:5]))
+    log.info("installing build %s into %s: %s", m.build, o.bin_dir, "; ".join(bad[:5]))
     home = o.bin_dir / state.HOME / st.current if st.current else None
     reuse = st.build == m.build and home is not None and home.is_dir() and not _files_bad(home, m)
     dirname = st.current if reuse else binaries.fresh_dirname(o.bin_dir, m.build)
