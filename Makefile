@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv deps lint typecheck unit e2e test demo bench driver clean
+.PHONY: all venv deps lint typecheck unit e2e test demo bench bench-bundle driver bundle clean
 all: venv
 
 $(STAMP): pyproject.toml
@@ -26,6 +26,10 @@ driver: $(VENV)/bin/cnidriver
 $(VENV)/bin/cnidriver: tests/e2e/driver/main.go tests/e2e/driver/build.sh | venv
 	bash tests/e2e/driver/build.sh $@
 
+# The frozen multicall bundle and the ready CNI_PATH dir dist/cni-bin (bundler/build.py).
+bundle: venv
+	$(PY) -m bundler.build
+
 lint: venv
 	$(VENV)/bin/ruff check cni ipam bundler tests
 	$(VENV)/bin/mypy
@@ -37,14 +41,21 @@ unit: venv
 e2e: deps venv driver
 	$(VENV)/bin/pytest -q tests/e2e
 
-test: deps venv driver lint
+# Two passes: everything from source, then the integration and e2e suites against the frozen entries.
+test: deps venv driver lint bundle
 	$(VENV)/bin/pytest -q tests
+	PYCNI_PLUGIN_DIR=$(CURDIR)/dist/cni-bin $(VENV)/bin/pytest -q tests/integration tests/e2e
 
 demo: deps venv
 	$(PY) -m tests.demo
 
 bench: deps venv driver
 	$(PY) -m tests.bench.macvlan $(if $(N),-n $(N))
+
+# Bundle size, cold VERSION and ADD+DEL vs Debian's Go plugins, empty-bundle floor (not a timed test).
+bench-bundle: deps venv driver bundle
+	$(PY) -m bundler.build --empty
+	$(PY) -m tests.bench.bundle
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

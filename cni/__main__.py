@@ -1,25 +1,54 @@
 """Multicall entry: the plugin is the executable's name (frozen: /opt/cni/bin/macvlan -> macvlan),
-or the first argument (`python -m cni macvlan`)."""
+or the first argument (`python -m cni macvlan`). Tools of the bundle (the installer) dispatch the same way."""
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
+
+BUILD_FILE = "pycni-build-id"
+
+
+def _tool(name: str, argv: list[str]) -> int:
+    import importlib
+
+    from cni.registry import TOOLS
+
+    module: Any = importlib.import_module(TOOLS[name])
+    return int(module.main(argv))
+
+
+def build_id() -> str:
+    """The bundle's build id (written into the frozen bundle by bundler.build), or 'source'."""
+    home = getattr(sys, "_MEIPASS", None)
+    if not home:
+        return "source"
+    try:
+        with open(os.path.join(home, BUILD_FILE), encoding="utf-8") as fh:
+            return fh.read().strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cni.registry import PLUGINS
-    from cni.skel import run
+    from cni.registry import TOOLS, entries, resolve
 
     argv = sys.argv if argv is None else argv
-    name = os.path.basename(argv[0])
-    if name not in PLUGINS:
-        if len(argv) < 2:
-            sys.stderr.write(f"usage: {name} PLUGIN  (one of: {', '.join(sorted(PLUGINS))})\n")
+    name, rest = resolve(os.path.basename(argv[0])), argv[1:]
+    if name is None:
+        name = resolve(rest[0]) if rest else None
+        if name is None:
+            sys.stderr.write(f"usage: {os.path.basename(argv[0])} PLUGIN  (one of: {', '.join(entries())})\n")
             return 2
-        name = argv[1]
+        rest = rest[1:]
+    if name in TOOLS and not (rest == [] and os.environ.get("CNI_COMMAND") == "VERSION"):
+        return _tool(name, rest)
+    from cni.skel import run
+
+    about = "" if os.environ.get("CNI_COMMAND") else f"pycni {name} {build_id()}"
     try:
-        return run(name, os.environ, sys.stdin.buffer, sys.stdout.buffer)
+        return run(name, os.environ, sys.stdin.buffer, sys.stdout.buffer, about)
     finally:
         sys.stdout.flush()
 

@@ -1,0 +1,95 @@
+"""The PyInstaller options of the bundle, in one place (read by bundler/pycni.spec).
+
+Start-up cost is what a CNI plugin pays on every call, so each choice here is measured
+(tests/bench/startup.py):
+- onedir, never onefile: onefile extracts the whole bundle to a temp dir on every call.
+- no UPX: decompressing libpython on every exec costs more than the disk it saves.
+- strip: the pyenv libpython carries debug info (30 MB -> ~5 MB); fewer pages to map and to ship.
+- runtime hooks dropped: PyInstaller adds pyi_rth_inspect (imports inspect and zipfile and lists
+  base_library.zip: ~20 ms per call), pyi_rth_pkgutil and pyi_rth_multiprocessing whenever those modules
+  are anywhere in the import graph. pycni never needs what they patch (no source lookup, no pkgutil
+  module iteration over the frozen tree, no multiprocessing).
+- noarchive: modules as plain .pyc files under _internal/ instead of the zlib-compressed PYZ inside the
+  executable (~8 ms less per call: no decompression, no TOC unmarshal).
+- optimize 0: -O would strip asserts, and the frozen plugin must behave exactly like `python -m cni`;
+  level 2 measured no better than 1-2 ms.
+- the bootloader's second execve (it sets LD_LIBRARY_PATH and re-executes itself in onedir mode) costs
+  ~3 ms; the stock bootloader has no switch for it, so it stays (see bundler/README.md).
+- hidden imports are cni.registry.LAZY_MODULES: the plugin/tool modules the dispatcher imports by name.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+OPTIMIZE = int(os.environ.get("PYCNI_OPTIMIZE", "0"))
+NOARCHIVE = os.environ.get("PYCNI_NOARCHIVE", "1") == "1"
+STRIP = os.environ.get("PYCNI_STRIP", "1") == "1"
+DROP_HOOKS = os.environ.get("PYCNI_KEEP_HOOKS", "0") != "1"
+
+RUNTIME_HOOKS_DROPPED = ("pyi_rth_inspect", "pyi_rth_pkgutil", "pyi_rth_multiprocessing")
+
+# Never imported on any pycni path but pulled into the graph by pyroute2's package __init__ (which
+# cni.netlink.codec deliberately never runs) or by the stdlib: size only, no start-up cost.
+EXCLUDES: list[str] = [
+    "tkinter", "unittest", "pydoc", "doctest", "lib2to3", "idlelib", "ensurepip", "venv", "xmlrpc",
+    # PyInstaller's bootstrap imports ctypes at every start when it is collected (2-3 ms); no pycni path
+    # uses it. A merged module that does fails the frozen test pass with ImportError: drop it here then.
+    *(["ctypes"] if os.environ.get("PYCNI_KEEP_CTYPES") != "1" else []),
+    *os.environ.get("PYCNI_EXCLUDE", "").split(),
+]
+
+
+FIRST_PARTY = ("cni", "ipam", "bundler")
+
+
+def hidden_imports(entry: str) -> list[str]:
+    """cni.registry.LAZY_MODULES, plus every first-party module as a safety net for a module imported by
+    name that someone forgot to declare (third-party imports inside those modules are found by the scan)."""
+    if os.path.basename(entry) != "entry.py":
+        return []
+    from cni.registry import LAZY_MODULES
+
+    return [*LAZY_MODULES, *(m for m in first_party_modules() if m not in LAZY_MODULES)]
+
+
+def first_party_modules() -> list[str]:
+    """Every module under the first-party packages, from the file tree (namespace packages included:
+    pkgutil would not descend into a directory without __init__.py)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = []
+    for pkg in FIRST_PARTY:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, pkg)):
+            dirnames[:] = sorted(d for d in dirnames if d.isidentifier() and not d.startswith("__"))
+            modules = sorted(f[:-3] for f in filenames if f.endswith(".py") and f != "__init__.py")
+            if not modules and "__init__.py" not in filenames:
+                continue  # data only (bundler/manifests)
+            rel = os.path.relpath(dirpath, root).replace(os.sep, ".")
+            out += [rel, *(f"{rel}.{m}" for m in modules)]
+    return out
+
+
+def check_collected(pure: Any, datas: Any, wanted: list[str]) -> None:
+    """Fail the build (not a node, later) when a declared module was not collected. With noarchive the
+    modules are collected as .pyc data files instead of PYZ entries."""
+    have = {entry[0] for entry in pure}
+    for entry in datas:
+        name = str(entry[0])
+        if name.endswith(".pyc"):
+            have.add(name[: -len(".pyc")].removesuffix("/__init__").replace("/", "."))
+    have |= {m.rsplit(".", i)[0] for m in list(have) for i in range(1, m.count(".") + 1)}  # namespace pkgs
+    missing = sorted(set(wanted) - have)
+    if missing:
+        raise SystemExit(f"pycni bundle: modules not collected: {', '.join(missing)}")
+
+
+def drop_runtime_hooks(scripts: Any) -> Any:
+    if not DROP_HOOKS:
+        return scripts
+    return [s for s in scripts if s[0] not in RUNTIME_HOOKS_DROPPED]
+
+
+def python_options() -> list[tuple[str, None, str]]:
+    """Interpreter options baked into the bootloader; PYCNI_IMPORTTIME=1 for start-up profiling."""
+    return [("X importtime", None, "OPTION")] if os.environ.get("PYCNI_IMPORTTIME") == "1" else []

@@ -1,0 +1,54 @@
+"""Every Kubernetes API access of pycni's IPAM, declared once: (API group, resource, verbs, scope) for the
+node side (the plugin run by the kubelet, through the kubeconfig the installer writes) and for the
+reconciler. bundler/manifests/rbac.yaml grants exactly these and nothing else (tests/unit/test_manifests.py
+cross-checks), and the Kubernetes store and pod source call `require()` before each kind of request, so a
+new access fails the tests until it is declared here and granted there. No wildcards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WHEREABOUTS = "whereabouts.cni.cncf.io"
+COORDINATION = "coordination.k8s.io"
+NODE, RECONCILER = "node", "reconciler"
+
+
+@dataclass(frozen=True)
+class Rule:
+    group: str  # "" is the core API group
+    resource: str
+    verbs: tuple[str, ...]
+    namespaced: bool  # granted by a Role in the IPAM's namespace, not cluster-wide
+
+
+RULES: dict[str, tuple[Rule, ...]] = {
+    NODE: (
+        # read a pool, create it on first use, compare-and-swap it on resourceVersion; list for STATUS/GC
+        Rule(WHEREABOUTS, "ippools", ("get", "list", "create", "update"), namespaced=True),
+        # one reservation per address when overlapping ranges are on; update: kubelet re-ADD takes it over
+        Rule(WHEREABOUTS, "overlappingrangeipreservations", ("get", "list", "create", "update", "delete"),
+             namespaced=True),
+        # the pod UID when the runtime did not pass K8S_POD_UID
+        Rule("", "pods", ("get",), namespaced=False),
+    ),
+    RECONCILER: (
+        Rule(WHEREABOUTS, "ippools", ("get", "list", "watch", "update"), namespaced=True),
+        Rule(WHEREABOUTS, "overlappingrangeipreservations", ("get", "list", "watch", "delete"),
+             namespaced=True),
+        Rule("", "pods", ("get", "list", "watch"), namespaced=False),
+        # one elected reconciler at a time
+        Rule(COORDINATION, "leases", ("get", "create", "update"), namespaced=True),
+    ),
+}
+
+
+class NotGranted(RuntimeError):
+    """The code tried an API access that ipam.rbac does not declare (and so the manifests do not grant)."""
+
+
+def require(role: str, group: str, resource: str, verb: str) -> None:
+    """Raise NotGranted unless `role` declares `verb` on `group/resource`."""
+    for rule in RULES[role]:
+        if rule.group == group and rule.resource == resource and verb in rule.verbs:
+            return
+    raise NotGranted(f"{role}: {verb} {group or 'core'}/{resource} is not declared in ipam/rbac.py")

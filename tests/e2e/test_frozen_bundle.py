@@ -1,0 +1,117 @@
+"""The frozen bundle itself (runs in the frozen pass: `make test` sets PYCNI_PLUGIN_DIR=dist/cni-bin after
+`make bundle`): layout and manifest, VERSION of every entry, the pyroute2 codec loaded without the
+package __init__, the frozen installer, and the upgrade storm with the real executable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bundler import cli, install, manifest, state
+from cni import jsonio, spec
+from cni.registry import PLUGINS, TOOLS, entries
+from tests import upgrade_storm
+from tests.bundle_layouts import snapshot, variant, version_call
+from tests.e2e import bundle_driver
+
+
+@pytest.fixture
+def cni_bin() -> Path:
+    d = bundle_driver.frozen_dir()
+    if d is None:
+        pytest.skip("frozen pass only (make test runs it with PYCNI_PLUGIN_DIR=dist/cni-bin)")
+    return d
+
+
+def test_layout_matches_manifest_and_registry(cni_bin: Path) -> None:
+    m = manifest.load(cni_bin / manifest.FILENAME)
+    assert manifest.problems(cni_bin, m) == []
+    assert (m.plugins, m.tools) == (tuple(sorted(PLUGINS)), tuple(sorted(TOOLS)))
+    for name in entries():
+        assert os.readlink(cni_bin / name) == m.executable, name
+    exe = cni_bin / m.executable
+    assert exe.stat().st_mode & 0o111 and (cni_bin / m.bundle / "_internal").is_dir()
+    assert sum(info.size for info in m.files.values()) < 80 << 20, "bundle grew past 80 MiB"
+
+
+def test_every_entry_answers_version(cni_bin: Path) -> None:
+    build = manifest.load(cni_bin / manifest.FILENAME).build
+    for name in entries():
+        call = version_call(cni_bin / name)
+        assert call.returncode == 0, (name, call.stdout, call.stderr)
+        want = {"cniVersion": spec.LATEST, "supportedVersions": list(spec.SUPPORTED)}
+        assert jsonio.loads(call.stdout) == want
+    for name in PLUGINS:
+        about = subprocess.run([str(cni_bin / name)], env={}, capture_output=True, check=False, timeout=60)
+        assert about.returncode == 0 and f"pycni {name} {build}" in about.stderr.decode()
+
+
+def test_codec_loads_pyroute2_messages_without_the_package_init(cni_bin: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "trace"
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "net1", "CNI_PATH": "/usr/lib/cni"}
+    conf = jsonio.dumps({"cniVersion": "1.0.0", "name": "n", "type": "macvlan", "master": "none0"})
+    proc = subprocess.run(["strace", "-f", "-e", "trace=openat", "-o", str(trace), str(cni_bin / "macvlan")],
+                          input=conf, env=env, capture_output=True, check=False, timeout=60)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    opened = [line for line in trace.read_text().splitlines() if "= -1" not in line]
+    assert any("pyroute2/netlink/rtnl/ifinfmsg/__init__" in line for line in opened), "codec not loaded"
+    for heavy in ("pyroute2/__init__", "asyncio/", "pyroute2/iproute", "pyroute2/ndb"):
+        assert not any(heavy in line for line in opened), f"{heavy} was loaded"
+
+
+def test_frozen_installer_installs_its_own_bundle(cni_bin: Path, tmp_path: Path) -> None:
+    bin_dir, conf_dir = tmp_path / "opt-cni-bin", tmp_path / "net.d"
+    bin_dir.mkdir()
+    conf_dir.mkdir()
+    before = (snapshot(bin_dir), snapshot(conf_dir))
+    args = ["--cni-bin-dir", str(bin_dir), "--cni-conf-dir", str(conf_dir), "--ipam-datastore", "local"]
+
+    def installer(*extra: str) -> subprocess.CompletedProcess[bytes]:
+        cmd = [str(cni_bin / "pycni-install"), *args, *extra]
+        return subprocess.run(cmd, capture_output=True, check=False)
+
+    run = installer("--once")
+    assert run.returncode == 0 and run.stdout == b"changed\n", run.stderr
+    for name in PLUGINS:
+        assert version_call(bin_dir / name).returncode == 0
+    again = installer("--once")
+    assert again.stdout == b"unchanged\n", again.stderr
+    gone = installer("--uninstall", "--once")
+    assert gone.returncode == 0, gone.stderr
+    assert (snapshot(bin_dir), snapshot(conf_dir)) == before
+
+
+def test_upgrade_storm_with_the_frozen_bundle(cni_bin: Path, tmp_path: Path) -> None:
+    b = variant(cni_bin, tmp_path / "b", manifest.load(cni_bin / manifest.FILENAME).version + "+storm")
+    storm = upgrade_storm.run((cni_bin, b), tmp_path / "bin", tmp_path / "conf", "macvlan", grace=10)
+    assert storm.calls == 1000 and storm.upgrades == 20
+    assert not storm.failures, storm.failures
+    assert storm.switches == 20 and storm.expired > 0
+    install.uninstall(cli.options(cli.parse(
+        ["--cni-bin-dir", str(tmp_path / "bin"), "--cni-conf-dir", str(tmp_path / "conf")])))
+    assert not (tmp_path / "bin" / state.HOME).exists()
+
+
+def test_dockerfile_and_manifest_paths_exist_in_the_layout(cni_bin: Path) -> None:
+    from tests.nsutil import REPO
+    from tests.unit import test_manifests as tm
+
+    copies, _ = tm.dockerfile()
+    for src, dst in copies:
+        assert (REPO / src).resolve() == cni_bin.resolve(), "the image copies the layout tested here"
+        for cmd in [*tm.commands(), tm.dockerfile()[1]]:
+            rel = Path(cmd[0]).relative_to(dst)
+            if rel.name in entries() or rel.name not in tm.PENDING_ENTRIES:
+                assert (cni_bin / rel).exists(), f"{cmd[0]} is not in the bundle layout"
+
+
+def test_every_first_party_module_is_in_the_bundle(cni_bin: Path) -> None:
+    from bundler import freeze
+
+    internal = cni_bin / manifest.load(cni_bin / manifest.FILENAME).bundle / "_internal"
+    for module in freeze.first_party_modules():
+        path = internal / module.replace(".", "/")
+        assert path.with_suffix(".pyc").exists() or path.is_dir(), module  # (namespace) package: a dir

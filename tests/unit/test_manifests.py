@@ -1,0 +1,167 @@
+"""bundler/: the manifests validate offline (kubernetes-validate --strict), grant exactly ipam/rbac.py,
+the kustomization lists them all, the DaemonSet and reconciler are shaped as promised, the CRDs are the
+upstream ones, and the Dockerfile and every command agree with the bundle layout."""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from bundler import build, cli
+from cni.registry import entries
+from ipam import rbac
+from tests.nsutil import REPO
+
+MANIFESTS = REPO / "bundler" / "manifests"
+UPSTREAM_CRDS = REPO.parent / "shared" / "upstream" / "whereabouts-crds"
+IMAGE_ROOT = "/pycni/cni-bin"
+# Entries the manifests use that another branch adds to cni.registry (TODO hook: once registered, the
+# checks below apply to them automatically, with no edit).
+PENDING_ENTRIES = {"pycni-ipam": "ipam.cli, the reconciler CLI (issue 3 branch)"}
+
+
+def resource_files() -> list[Path]:
+    return sorted(p for p in MANIFESTS.rglob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def docs() -> list[dict[str, Any]]:
+    return [d for p in resource_files() for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def by_kind(kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs() if d["kind"] == kind]
+
+
+@pytest.mark.parametrize("path", resource_files(), ids=lambda p: str(p.relative_to(MANIFESTS)))
+def test_validates_strictly_offline(path: Path) -> None:
+    for doc in yaml.safe_load_all(path.read_text()):
+        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_strict_validation_is_not_a_noop() -> None:
+    ds = copy.deepcopy(by_kind("DaemonSet")[0])
+    ds["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_kustomization_lists_every_manifest_and_sets_the_image() -> None:
+    kust = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
+    assert sorted(kust["resources"]) == sorted(str(p.relative_to(MANIFESTS)) for p in resource_files())
+    images = {c["image"].split(":")[0] for kind in ("DaemonSet", "Deployment")
+              for c in by_kind(kind)[0]["spec"]["template"]["spec"]["containers"]}
+    assert images == {i["name"] for i in kust["images"]}
+
+
+@pytest.mark.skipif(not UPSTREAM_CRDS.is_dir(), reason=f"{UPSTREAM_CRDS} (shared/ beside the clone)")
+def test_crds_are_the_upstream_ones() -> None:
+    for src in UPSTREAM_CRDS.glob("*.yaml"):
+        assert (MANIFESTS / "crds" / src.name).read_bytes() == src.read_bytes(), src.name
+
+
+def granted(sa: str) -> set[tuple[str, str, str, bool]]:
+    """(group, resource, verb, namespaced) granted to a service account through the bindings."""
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs() if d["kind"] in ("Role", "ClusterRole")}
+    out = set()
+    for b in docs():
+        if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == sa for s in b["subjects"]):
+            continue
+        role = roles[(b["roleRef"]["kind"], b["roleRef"]["name"])]
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for res in rule["resources"]:
+                    out |= {(group, res, verb, role["kind"] == "Role") for verb in rule["verbs"]}
+    return out
+
+
+@pytest.mark.parametrize(("sa", "role"), [("pycni-node", rbac.NODE), ("pycni-reconciler", rbac.RECONCILER)])
+def test_rbac_grants_exactly_what_the_code_declares(sa: str, role: str) -> None:
+    declared = {(r.group, r.resource, v, r.namespaced) for r in rbac.RULES[role] for v in r.verbs}
+    assert granted(sa) == declared
+    assert not any("*" in str(item) for item in granted(sa))
+
+
+def test_rbac_require_refuses_undeclared_access() -> None:
+    rbac.require(rbac.NODE, rbac.WHEREABOUTS, "ippools", "update")
+    with pytest.raises(rbac.NotGranted):
+        rbac.require(rbac.NODE, "", "pods", "list")
+
+
+def container(kind: str) -> dict[str, Any]:
+    c: dict[str, Any] = by_kind(kind)[0]["spec"]["template"]["spec"]["containers"][0]
+    return c
+
+
+def test_daemonset_runs_everywhere_with_limits() -> None:
+    ds = by_kind("DaemonSet")[0]["spec"]["template"]["spec"]
+    assert {"operator": "Exists"} in ds["tolerations"], "tolerates every taint, GPU nodes included"
+    c = container("DaemonSet")
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    assert c["securityContext"]["privileged"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    paths = {v["hostPath"]["path"] for v in ds["volumes"] if "hostPath" in v}
+    assert paths == {"/opt/cni/bin", "/etc/cni/net.d"}
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODENAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_daemonset_command_and_probe_parse_with_the_installer_cli() -> None:
+    c = container("DaemonSet")
+    args = cli.parse(c["command"][1:])
+    assert (str(args.cni_bin_dir), str(args.cni_conf_dir)) == ("/host/opt/cni/bin", "/host/etc/cni/net.d")
+    assert not args.once and not args.uninstall, "long-running: verifies and repairs"
+    probe = cli.parse(c["readinessProbe"]["exec"]["command"][1:])
+    assert probe.probe and probe.ready_file == args.ready_file
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert str(args.ready_file.parent) in mounts
+
+
+def test_reconciler_is_a_single_replica() -> None:
+    dep = by_kind("Deployment")[0]["spec"]
+    assert dep["replicas"] == 1 and dep["strategy"]["type"] == "Recreate"
+    c = container("Deployment")
+    assert c["securityContext"]["runAsNonRoot"] is True and c["resources"]["limits"]
+
+
+def commands() -> list[list[str]]:
+    out = []
+    for kind in ("DaemonSet", "Deployment"):
+        c = container(kind)
+        out.append(c["command"])
+        if "readinessProbe" in c:
+            out.append(c["readinessProbe"]["exec"]["command"])
+    return out
+
+
+def dockerfile() -> tuple[list[tuple[str, str]], list[str]]:
+    copies, entrypoint = [], []
+    for line in (REPO / "bundler" / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY "):
+            src, dst = shlex.split(line)[1:]
+            copies.append((src, dst))
+        elif line.startswith("ENTRYPOINT "):
+            entrypoint = yaml.safe_load(line.split(None, 1)[1])
+    return copies, entrypoint
+
+
+def test_dockerfile_copies_the_bundle_layout() -> None:
+    copies, entrypoint = dockerfile()
+    layout = (REPO / "dist" / "cni-bin").relative_to(REPO)
+    assert copies == [(str(layout), IMAGE_ROOT)]
+    assert build.BUNDLE == "pycni" and entrypoint == [f"{IMAGE_ROOT}/pycni-install"]
+
+
+def test_every_command_names_an_entry_of_the_bundle() -> None:
+    for cmd in [*commands(), dockerfile()[1]]:
+        exe = Path(cmd[0])
+        assert str(exe.parent) == IMAGE_ROOT, cmd
+        name = exe.name
+        assert name in entries() or name in PENDING_ENTRIES, f"{name} is not a bundle entry"
