@@ -51,11 +51,12 @@ def test_every_entry_answers_version(cni_bin: Path) -> None:
 
 def test_codec_loads_pyroute2_messages_without_the_package_init(cni_bin: Path, tmp_path: Path) -> None:
     trace = tmp_path / "trace"
-    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "net1", "CNI_PATH": "/usr/lib/cni"}
-    conf = jsonio.dumps({"cniVersion": "1.0.0", "name": "n", "type": "macvlan", "master": "none0"})
+    # STATUS looks the master up over netlink (a DEL without a netns would not touch netlink at all)
+    env = {"CNI_COMMAND": "STATUS", "CNI_PATH": "/usr/lib/cni"}
+    conf = jsonio.dumps({"cniVersion": "1.1.0", "name": "n", "type": "macvlan", "master": "none0"})
     proc = subprocess.run(["strace", "-f", "-e", "trace=openat", "-o", str(trace), str(cni_bin / "macvlan")],
                           input=conf, env=env, capture_output=True, check=False, timeout=60)
-    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert proc.returncode == 1 and jsonio.loads(proc.stdout)["code"] == 50, (proc.stdout, proc.stderr)
     opened = [line for line in trace.read_text().splitlines() if "= -1" not in line]
     assert any("pyroute2/netlink/rtnl/ifinfmsg/__init__" in line for line in opened), "codec not loaded"
     for heavy in ("pyroute2/__init__", "asyncio/", "pyroute2/iproute", "pyroute2/ndb"):
