@@ -6,7 +6,7 @@ Everything the plugin does to a PF goes through `VfControl.read` and `VfControl.
 request, so a test can record and check the exact requests and their order.
 
 `control(env)` returns the netlink implementation, or the recording fake in cni.sriov.fakevf when
-the environment variable PYCNI_SRIOV_FAKE_PF names its state file (tests only; see README.md ("host-device and sriov")).
+the environment variable PYCNI_SRIOV_FAKE_PF names its state file (tests only; see README.md).
 pyroute2's message classes are the codec (imported on first use); the socket is cni.netlink's."""
 
 from __future__ import annotations
