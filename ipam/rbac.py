@@ -46,6 +46,22 @@ class NotGranted(RuntimeError):
     """The code tried an API access that ipam.rbac does not declare (and so the manifests do not grant)."""
 
 
+_acting = NODE
+
+
+def act_as(role: str) -> None:
+    """Which role this process acts as (the operator CLI and reconciler: RECONCILER); clients opened
+    afterwards check their requests against it."""
+    global _acting
+    if role not in RULES:
+        raise ValueError(f"unknown role {role!r}")
+    _acting = role
+
+
+def acting() -> str:
+    return _acting
+
+
 def require(role: str, group: str, resource: str, verb: str) -> None:
     """Raise NotGranted unless `role` declares `verb` on `group/resource`."""
     for rule in RULES[role]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ipam.store.base import Store
+from tests.kubeapi.factory import KUBE_FACTORIES
 
 
 class Factory(Protocol):
@@ -70,4 +71,5 @@ def local(tmp: Path) -> Iterator[Factory]:
 FACTORIES: dict[str, Callable[[Path], AbstractContextManager[Factory]]] = {
     "memory": memory,
     "local": local,
+    **KUBE_FACTORIES,  # "kubernetes" (the emulator) and "kubernetes-real" (PYCNI_TEST_KUBECONFIG)
 }

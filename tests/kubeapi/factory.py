@@ -1,0 +1,138 @@
+"""Kubernetes store factories for the contract suite (tests/contract/factories.py) and the helpers the
+other Kubernetes tests share.
+
+- "kubernetes": the in-process emulator (tests/kubeapi/emulator.py), node service-account token, RBAC
+  of bundler/manifests/rbac.yaml enforced, small list pages so paging is exercised.
+- "kubernetes-real": a real cluster from PYCNI_TEST_KUBECONFIG (cluster-admin: the fixture installs
+  the CRDs from bundler/manifests/crds if missing and runs every test in a fresh namespace it deletes
+  afterwards). Skipped, saying so, when the variable is unset."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ipam import rbac
+from ipam.kubeapi import ApiError, Client, load_kubeconfig
+from ipam.store.base import Store
+from ipam.store.kube import KubeStore
+from tests.kubeapi.emulator import CRDS, Emulator, free_port
+
+REAL_ENV = "PYCNI_TEST_KUBECONFIG"
+PAGE = 16  # objects per list page in the tests: small, so iter_* pages
+
+
+def unreachable_kubeconfig(tmp: Path) -> Path:
+    """A kubeconfig pointing at a port nothing listens on."""
+    emu_like = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+                "clusters": [{"name": "x", "cluster": {"server": f"http://127.0.0.1:{free_port()}"}}],
+                "users": [{"name": "u", "user": {"token": "node-token"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "x", "user": "u", "namespace": "ns"}}]}  # fmt: skip
+    path = tmp / "unreachable.kubeconfig"
+    path.write_text(yaml.safe_dump(emu_like))
+    path.chmod(0o600)
+    return path
+
+
+def open_kube(kubeconfig: Path, role: str = rbac.NODE, namespace: str = "", page: int = PAGE) -> KubeStore:
+    conf = load_kubeconfig(str(kubeconfig))
+    if namespace:
+        conf = dataclasses.replace(conf, namespace=namespace)
+    return KubeStore(Client(conf), conf.namespace, role=role, page=page)
+
+
+class EmulatorFactory:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.emu = Emulator()
+        self.kubeconfig = self.emu.kubeconfig(tmp / "node.kubeconfig", token="node-token")
+
+    def open(self) -> Store:
+        return open_kube(self.kubeconfig)
+
+    def unreachable(self) -> Store:
+        return open_kube(unreachable_kubeconfig(self.tmp))
+
+
+@contextlib.contextmanager
+def emulator(tmp: Path) -> Iterator[EmulatorFactory]:
+    f = EmulatorFactory(tmp)
+    try:
+        yield f
+    finally:
+        f.emu.stop()
+
+
+class RealFactory:
+    def __init__(self, tmp: Path, kubeconfig: Path, namespace: str) -> None:
+        self.tmp, self.kubeconfig, self.namespace = tmp, kubeconfig, namespace
+
+    def open(self) -> Store:
+        return open_kube(self.kubeconfig, namespace=self.namespace)
+
+    def unreachable(self) -> Store:
+        return open_kube(unreachable_kubeconfig(self.tmp))
+
+
+def ensure_crds(client: Client) -> None:
+    """Install the bundled CRDs if the cluster lacks them, and wait until they are served."""
+    for path in sorted(CRDS.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc:
+                continue
+            crd_path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{doc['metadata']['name']}"
+            try:
+                client.request("GET", crd_path)
+            except ApiError as e:
+                if e.status != 404:
+                    raise
+                client.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", doc)
+
+
+def _served(client: Client, namespace: str) -> bool:
+    try:
+        client.request("GET", f"/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/{namespace}/ippools")
+        return True
+    except ApiError:
+        return False
+
+
+@contextlib.contextmanager
+def real_cluster(tmp: Path) -> Iterator[RealFactory]:
+    import pytest
+
+    source = os.environ.get(REAL_ENV)
+    if not source:
+        pytest.skip(f"{REAL_ENV} is not set: the real-cluster variant needs a cluster (the emulator variant ran)")
+    client = Client(load_kubeconfig(source))
+    try:
+        ensure_crds(client)
+        ns: dict[str, Any] = client.request(
+            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                           "metadata": {"generateName": "pycni-test-"}}  # fmt: skip
+        )
+        namespace = ns["metadata"]["name"]
+        deadline = time.monotonic() + 60
+        while not _served(client, namespace) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        try:
+            yield RealFactory(tmp, Path(source), namespace)
+        finally:
+            with contextlib.suppress(Exception):
+                client.request("DELETE", f"/api/v1/namespaces/{namespace}")
+    finally:
+        client.close()
+
+
+KUBE_FACTORIES: dict[str, Callable[[Path], AbstractContextManager[Any]]] = {
+    "kubernetes": emulator,
+    "kubernetes-real": real_cluster,
+}
