@@ -7,8 +7,9 @@ and a binary search finds where it first fails. Nothing ever walks the range add
 
 from __future__ import annotations
 
+import random
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from cni import log
@@ -98,9 +99,18 @@ def segments_as_offsets(rng: IPRange) -> list[Segment]:
 
 
 def allocate(
-    rng: IPRange, pool: PoolView | Pool, owner: Allocation, blocked: Set[int] = frozenset()
+    rng: IPRange,
+    pool: PoolView | Pool,
+    owner: Allocation,
+    blocked: Set[int] = frozenset(),
+    prefer: Sequence[int] = (),
+    spread: int = 1,
+    pick: Callable[[int], int] = random.randrange,
 ) -> Decision:
-    """The owner's address in this pool. `blocked`: offsets held elsewhere (overlapping ranges)."""
+    """The owner's address in this pool. `blocked`: offsets held elsewhere (overlapping ranges).
+    Under contention (ipam.engine): `prefer` offsets this call already reserved, if still free; and
+    `spread` > 1 picks at random among the lowest `spread` free offsets instead of the lowest, so
+    racers that lost a candidate stop colliding on the next one."""
     view = SnapshotView(pool) if isinstance(pool, Pool) else pool
     mine = view.owned(owner)
     if mine:
@@ -116,13 +126,34 @@ def allocate(
             prev.container_id,
         )
         return Decision(int(key), "takeover", PoolUpdate(put={key: owner}))
-    offset = view.lowest_free(segments_as_offsets(rng), blocked)
+    segments = segments_as_offsets(rng)
+    for want in prefer:
+        if want not in blocked and view.lowest_free([(want, want)], blocked) == want and _inside(segments, want):
+            return Decision(want, "new", PoolUpdate(put={str(want): owner}))
+    offset = view.lowest_free(segments, blocked)
+    if offset is not None and spread > 1:
+        candidates = [offset]
+        while len(candidates) < spread:
+            nxt = view.lowest_free(_after(segments, candidates[-1]), blocked)
+            if nxt is None:
+                break
+            candidates.append(nxt)
+        offset = candidates[pick(len(candidates))]
     if offset is None:
         raise ExhaustedError(
             f"no free address in {rng.describe()}",
             f"{view.count()} of {rng.size} allocated in pool {view.name}",
         )
     return Decision(offset, "new", PoolUpdate(put={str(offset): owner}))
+
+
+def _inside(segments: Sequence[Segment], offset: int) -> bool:
+    return any(lo <= offset <= hi for lo, hi in segments)
+
+
+def _after(segments: Sequence[Segment], offset: int) -> list[Segment]:
+    """The segments trimmed to the offsets above `offset`."""
+    return [(max(lo, offset + 1), hi) for lo, hi in segments if hi > offset]
 
 
 def release(pool: PoolView | Pool, owner: Allocation) -> PoolUpdate:

@@ -23,6 +23,7 @@ from ipam.ranges import IPRange
 from ipam.retry import Again, Retry, retrying
 from ipam.store.base import (
     Allocation,
+    Conflict,
     Pool,
     PoolUpdate,
     PoolView,
@@ -32,10 +33,19 @@ from ipam.store.base import (
 from ipam.store.names import pool_name, reservation_name
 
 
+SPREAD_MAX = 32  # after lost races, pick among at most this many of the lowest free addresses
+
+
 @dataclass
 class _Claims:
     blocked: set[int] = field(default_factory=set)
     created: dict[str, str] = field(default_factory=dict)  # reservations made by this call: name -> version
+    mine: dict[str, int] = field(default_factory=dict)  # their offsets: name -> offset
+    lost: int = 0  # candidates found reserved by someone else
+
+    def spread(self) -> int:
+        """1 (the lowest free address) until two races are lost, then a window doubling per loss."""
+        return min(2 ** (self.lost - 1), SPREAD_MAX) if self.lost > 1 else 1
 
 
 class Engine:
@@ -111,7 +121,9 @@ class Engine:
 
     def _add_once(self, rng: IPRange, owner: Allocation, claims: _Claims) -> int:
         view = self._view(rng)
-        decision = allocator.allocate(rng, view, owner, frozenset(claims.blocked))
+        decision = allocator.allocate(
+            rng, view, owner, frozenset(claims.blocked), sorted(claims.mine.values()), claims.spread()
+        )
         if self.conf.overlapping:
             self._claim(rng, decision, owner, claims)
         if decision.update:
@@ -130,7 +142,12 @@ class Engine:
         name = self.reservation_name(rng, decision.offset)
         res = self.store.get_reservation(name)
         if res is None:
-            claims.created[name] = self.store.put_reservation(Reservation(name, owner))
+            try:
+                claims.created[name] = self.store.put_reservation(Reservation(name, owner))
+            except Conflict:  # a racer created it since the read: judged again at once, no backoff
+                claims.lost += 1
+                raise Again() from None
+            claims.mine[name] = decision.offset
         elif res.owner.same_attachment(owner):
             return
         elif res.owner.same_pod_interface(owner) or _legacy_same_pod(res.owner, owner):
@@ -139,6 +156,8 @@ class Engine:
                 claims.created[name] = version
         elif decision.kind == "new":
             claims.blocked.add(decision.offset)
+            if res.owner.network and res.owner.network == owner.network:
+                claims.lost += 1  # a racer on this network (another network's pool: a steady block)
             raise Again()
         else:
             log.error(

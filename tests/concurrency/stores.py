@@ -28,4 +28,10 @@ def local(tmp: Path) -> Iterator[Target]:
     yield Target({"local_db": db}, lambda: LocalStore(db))
 
 
-TARGETS: dict[str, Callable[[Path], AbstractContextManager[Target]]] = {"local": local}
+def kubernetes(tmp: Path) -> AbstractContextManager[Target]:
+    from tests.kubeapi.factory import concurrency_target  # the API emulator, in this process
+
+    return concurrency_target(tmp)
+
+
+TARGETS: dict[str, Callable[[Path], AbstractContextManager[Target]]] = {"local": local, "kubernetes": kubernetes}

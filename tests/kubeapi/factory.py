@@ -136,3 +136,17 @@ KUBE_FACTORIES: dict[str, Callable[[Path], AbstractContextManager[Any]]] = {
     "kubernetes": emulator,
     "kubernetes-real": real_cluster,
 }
+
+
+@contextlib.contextmanager
+def concurrency_target(tmp: Path) -> Iterator[Any]:
+    """tests/concurrency/stores.py's target: plugin processes reach the emulator through a kubeconfig."""
+    from tests.concurrency.stores import Target
+
+    emu = Emulator()
+    try:
+        kubeconfig = emu.kubeconfig(tmp / "node.kubeconfig", token="node-token")
+        ipam = {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig)}}
+        yield Target(ipam, lambda: open_kube(kubeconfig, page=100))
+    finally:
+        emu.stop()
