@@ -201,7 +201,10 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     args = parser().parse_args(argv)
     try:
         conf = store_config(args)
+        from ipam import rbac
         from ipam.store.select import open_store
+
+        rbac.act_as(rbac.RECONCILER)  # the operator tool and the reconciler share one service account
 
         store = open_store(conf)
         try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 WHEREABOUTS = "whereabouts.cni.cncf.io"
-COORDINATION = "coordination.k8s.io"
 NODE, RECONCILER = "node", "reconciler"
 
 
@@ -23,21 +22,19 @@ class Rule:
 
 RULES: dict[str, tuple[Rule, ...]] = {
     NODE: (
-        # read a pool, create it on first use, compare-and-swap it on resourceVersion; list for STATUS/GC
+        # read a pool, create it on first use, compare-and-swap it on resourceVersion; list: STATUS
         Rule(WHEREABOUTS, "ippools", ("get", "list", "create", "update"), namespaced=True),
-        # one reservation per address when overlapping ranges are on; update: kubelet re-ADD takes it over
+        # one reservation per address when overlapping ranges are on; update: kubelet re-ADD takes it
+        # over; list: GC
         Rule(WHEREABOUTS, "overlappingrangeipreservations", ("get", "list", "create", "update", "delete"),
              namespaced=True),
-        # the pod UID when the runtime did not pass K8S_POD_UID
-        Rule("", "pods", ("get",), namespaced=False),
     ),
     RECONCILER: (
-        Rule(WHEREABOUTS, "ippools", ("get", "list", "watch", "update"), namespaced=True),
-        Rule(WHEREABOUTS, "overlappingrangeipreservations", ("get", "list", "watch", "delete"),
-             namespaced=True),
-        Rule("", "pods", ("get", "list", "watch"), namespaced=False),
-        # one elected reconciler at a time
-        Rule(COORDINATION, "leases", ("get", "create", "update"), namespaced=True),
+        # the reconciler and the operator CLI (pools, show, release): page through pools, free entries
+        Rule(WHEREABOUTS, "ippools", ("get", "list", "update"), namespaced=True),
+        Rule(WHEREABOUTS, "overlappingrangeipreservations", ("get", "list", "delete"), namespaced=True),
+        # one GET per pod asked about (ipam.kubepods): no pod list, no watch
+        Rule("", "pods", ("get",), namespaced=False),
     ),
 }
 

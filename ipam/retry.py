@@ -1,6 +1,11 @@
 """Retrying one store operation: compare-and-swap conflicts with jittered exponential backoff under a
 deadline (then code 11 saying so), an unreachable store for a short grace (then its own code 11),
-and `Again` (try a new candidate at once) without sleeping."""
+and `Again` (try a new candidate at once) without sleeping.
+
+A conflict is progress: another writer committed. So conflicts are retried while they keep coming,
+up to `limit` (upstream whereabouts' ADD time limit): 200 racers on one pool of a cluster store
+commit one after another, and the last must not give up while the queue ahead of it drains. Anything
+else (candidates taken again and again, the store down) is bounded by `deadline`."""
 
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ from ipam.store.base import Conflict, StoreUnavailable
 
 @dataclass(frozen=True)
 class Retry:
-    deadline: float = 30.0  # seconds for one operation under contention
+    deadline: float = 30.0  # seconds one operation may go on without a conflict (progress elsewhere)
+    limit: float = 120.0  # absolute bound on one operation, conflicts or not
     outage: float = 3.0  # how long an unreachable store is retried before code 11
     base: float = 0.004  # first backoff; doubles per conflict, full jitter
     cap: float = 1.0
@@ -31,18 +37,20 @@ class Again(Exception):
 def retrying[T](policy: Retry, what: str, attempt: Callable[[], T]) -> T:
     clock = policy.clock
     start, conflicts, down_since = clock(), 0, None
+    progress = start
     while True:
         try:
             return attempt()
         except Again:
-            if clock() - start > policy.deadline:
+            if clock() - progress > policy.deadline or clock() - start > policy.limit:
                 raise TryAgainError(f"{what}: gave up: candidates keep being taken elsewhere") from None
             continue
         except Conflict:
             conflicts += 1
-            if clock() - start > policy.deadline:
+            progress = clock()
+            if progress - start > policy.limit:
                 raise TryAgainError(
-                    f"{what}: gave up after {conflicts} conflicting writes in {policy.deadline:g}s"
+                    f"{what}: gave up after {conflicts} conflicting writes in {policy.limit:g}s"
                 ) from None
         except StoreUnavailable:
             down_since = clock() if down_since is None else down_since
