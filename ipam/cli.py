@@ -198,13 +198,14 @@ def table(rows: Sequence[tuple[str, ...]], out: TextIO) -> None:
 
 
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
+    from ipam import rbac
+
     args = parser().parse_args(argv)
+    previous = rbac.acting()
+    rbac.act_as(rbac.RECONCILER)  # the operator tool and the reconciler share one service account
     try:
         conf = store_config(args)
-        from ipam import rbac
         from ipam.store.select import open_store
-
-        rbac.act_as(rbac.RECONCILER)  # the operator tool and the reconciler share one service account
 
         store = open_store(conf)
         try:
@@ -220,3 +221,5 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     except (CniError, OSError) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
+    finally:
+        rbac.act_as(previous)

@@ -1,0 +1,48 @@
+"""Fixtures of the Kubernetes tests: the API emulator (one per test), a test PKI made with openssl
+(once per session), a node kubeconfig."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ipam import rbac
+from tests.kubeapi.emulator import Emulator, make_pki
+
+
+@pytest.fixture
+def emu() -> Iterator[Emulator]:
+    e = Emulator()
+    try:
+        yield e
+    finally:
+        e.stop()
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_pki(tmp_path_factory.mktemp("pki"), clients=("pycni-node", "stranger"))
+
+
+@pytest.fixture
+def tls_emu(pki: Path) -> Iterator[Emulator]:
+    e = Emulator(tls=pki)
+    try:
+        yield e
+    finally:
+        e.stop()
+
+
+@pytest.fixture
+def node_kubeconfig(emu: Emulator, tmp_path: Path) -> Path:
+    return emu.kubeconfig(tmp_path / "node.kubeconfig", token="node-token")
+
+
+@pytest.fixture(autouse=True)
+def _node_role() -> Iterator[None]:
+    """Every test starts acting as the node (the CLI switches to the reconciler and back)."""
+    assert rbac.acting() == rbac.NODE
+    yield
+    assert rbac.acting() == rbac.NODE

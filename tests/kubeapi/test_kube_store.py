@@ -1,0 +1,380 @@
+"""The Kubernetes store beyond the shared contract (tests/contract): kubeconfig and TLS, tokens, faults,
+the emulator's schema enforcement, and compatibility with objects upstream whereabouts writes."""
+
+from __future__ import annotations
+
+import base64
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from cni.errors import Code, ConfigError
+from ipam import kubeapi, rbac
+from ipam.kubeapi import ApiError, Client, load_kubeconfig
+from ipam.store import crd
+from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, StoreUnavailable
+from ipam.store.kube import KubeStore
+from tests.kubeapi.emulator import SA_NAMESPACE, Emulator
+from tests.kubeapi.factory import open_kube
+
+A = Allocation("a" * 64, "ns/a", "net1", "uid-a", "blue", "node-1")
+B = Allocation("b" * 64, "ns/b", "net1")
+POOL = "198.51.100.0-24"
+POOLS = f"/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/{SA_NAMESPACE}/ippools"
+
+
+def admin(emu: Emulator, tmp: Path) -> Client:
+    return Client(load_kubeconfig(str(emu.kubeconfig(tmp / "admin.kubeconfig"))))
+
+
+def create(store: KubeStore, put: dict[str, Allocation] | None = None) -> str:
+    return store.commit_pool(Pool(POOL, "198.51.100.0/24"), PoolUpdate(put=put or {}))
+
+
+# ---- kubeconfig, TLS, credentials ----------------------------------------------------------------
+
+
+def test_kubeconfig_file_is_private_and_names_the_namespace(emu: Emulator, node_kubeconfig: Path) -> None:
+    assert node_kubeconfig.stat().st_mode & 0o777 == 0o600
+    conf = load_kubeconfig(str(node_kubeconfig))
+    assert (conf.server, conf.namespace, conf.token) == (emu.url, SA_NAMESPACE, "node-token")
+    assert "node-token" not in repr(conf)
+
+
+def test_yaml_kubeconfig_relative_paths_and_default_namespace(tmp_path: Path) -> None:
+    (tmp_path / "ca.crt").write_text("x")
+    (tmp_path / "k.yaml").write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: x, cluster: {server: 'https://127.0.0.1:6443', certificate-authority: ca.crt}}]\n"
+        "users: [{name: u, user: {tokenFile: tok}}]\n"
+        "contexts: [{name: c, context: {cluster: x, user: u}}]\n"
+    )
+    conf = load_kubeconfig(str(tmp_path / "k.yaml"))
+    assert conf.ca_file == str(tmp_path / "ca.crt") and conf.token_file == str(tmp_path / "tok")
+    assert conf.namespace == "kube-system"  # upstream's default when the context has none
+
+
+@pytest.mark.parametrize(
+    ("text", "msg"),
+    [
+        ("{", "neither JSON nor YAML"),
+        ("[1]", "not a kubeconfig"),
+        ('{"contexts": []}', "no current-context"),
+        ('{"current-context": "c", "contexts": [{"name": "c", "context": {"cluster": "x"}}]}', "no cluster"),
+        (
+            '{"current-context": "c", "contexts": [{"name": "c", "context": {"cluster": "x", "user": "u"}}],'
+            '"clusters": [{"name": "x", "cluster": {"server": "https://h"}}],'
+            '"users": [{"name": "u", "user": {"auth-provider": {"name": "gcp"}}}]}',
+            "auth-provider",
+        ),
+    ],
+)
+def test_bad_kubeconfig_is_a_config_error_naming_the_field(tmp_path: Path, text: str, msg: str) -> None:
+    path = tmp_path / "k"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=msg) as e:
+        load_kubeconfig(str(path))
+    assert e.value.code == Code.INVALID_CONFIG and "kubernetes.kubeconfig" in e.value.msg
+
+
+def test_missing_kubeconfig_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="kubernetes.kubeconfig: cannot read"):
+        load_kubeconfig(str(tmp_path / "absent"))
+
+
+def test_tls_with_a_ca_from_openssl(tls_emu: Emulator, tmp_path: Path) -> None:
+    assert tls_emu.url.startswith("https://")
+    store = open_kube(tls_emu.kubeconfig(tmp_path / "k", token="node-token"))
+    try:
+        create(store, {"1": A})
+        pool = store.get_pool(POOL)
+        assert pool is not None and pool.allocations == {"1": A}
+    finally:
+        store.close()
+
+
+def test_tls_with_a_client_certificate_from_kubeconfig_data(tls_emu: Emulator, tmp_path: Path) -> None:
+    store = open_kube(tls_emu.kubeconfig(tmp_path / "k", token="", client_cert="pycni-node"))
+    try:
+        create(store)
+        assert ("pycni-node", "create", crd.GROUP, "ippools") in tls_emu.calls  # the CN is the identity
+        tmp = store.client._tmp
+        assert tmp and all(p.stat().st_mode & 0o777 == 0o600 for p in Path(tmp).iterdir())
+    finally:
+        store.close()
+    assert not Path(tmp).exists(), "inline client key material is removed on close"
+
+
+def test_tls_refuses_a_server_the_ca_did_not_sign(tls_emu: Emulator, tmp_path: Path, pki: Path) -> None:
+    path = tls_emu.kubeconfig(tmp_path / "k", token="node-token")
+    doc = orjson.loads(path.read_bytes())
+    doc["clusters"][0]["cluster"]["certificate-authority"] = str(pki / "stranger.crt")
+    path.write_bytes(orjson.dumps(doc))
+    store = open_kube(path)
+    try:
+        with pytest.raises(StoreUnavailable, match="(?i)certificate"):
+            store.get_pool(POOL)
+    finally:
+        store.close()
+
+
+def test_bad_token_is_unavailable_with_code_11(emu: Emulator, tmp_path: Path) -> None:
+    store = open_kube(emu.kubeconfig(tmp_path / "k", token="wrong"))
+    try:
+        with pytest.raises(StoreUnavailable, match="401") as e:
+            store.get_pool(POOL)
+        assert e.value.code == Code.TRY_AGAIN_LATER and "wrong" not in e.value.msg
+    finally:
+        store.close()
+
+
+def test_401_rereads_the_token_file_once(emu: Emulator, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("old-token\n")
+    emu.tokens["old-token"] = "pycni-node"
+    store = open_kube(emu.kubeconfig(tmp_path / "k", token_file=token))
+    try:
+        create(store)
+        # the kubelet rotates the projected token: the old one stops working, the file has the new one
+        del emu.tokens["old-token"]
+        emu.tokens["new-token"] = "pycni-node"
+        token.write_text("new-token\n")
+        assert store.get_pool(POOL) is not None
+        # rotated again but the file is stale: one re-read, then code 11
+        del emu.tokens["new-token"]
+        with pytest.raises(StoreUnavailable, match="401"):
+            store.get_pool(POOL)
+    finally:
+        store.close()
+
+
+def test_exec_credential_plugin(emu: Emulator, tmp_path: Path) -> None:
+    plugin = tmp_path / "cred.sh"
+    plugin.write_text(
+        '#!/bin/sh\necho \'{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",'
+        ' "status": {"token": "node-token"}}\'\n'
+    )
+    plugin.chmod(0o755)
+    path = emu.kubeconfig(tmp_path / "k", token="")
+    doc = orjson.loads(path.read_bytes())
+    doc["users"][0]["user"] = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin)}}
+    path.write_bytes(orjson.dumps(doc))
+    store = open_kube(path)
+    try:
+        create(store)
+        assert store.get_pool(POOL) is not None
+    finally:
+        store.close()
+
+
+# ---- faults ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["500", "503", "reset"])
+def test_server_errors_are_unavailable_and_the_next_call_works(
+    emu: Emulator, node_kubeconfig: Path, fault: str
+) -> None:
+    store = open_kube(node_kubeconfig)
+    try:
+        create(store, {"1": A})
+        emu.fail(fault)
+        with pytest.raises(StoreUnavailable) as e:
+            store.get_pool(POOL)
+        assert e.value.code == Code.TRY_AGAIN_LATER
+        pool = store.get_pool(POOL)
+        assert pool is not None and pool.allocations == {"1": A}
+    finally:
+        store.close()
+
+
+def test_a_hanging_server_times_out_within_the_bound(emu: Emulator, node_kubeconfig: Path) -> None:
+    emu.stall = 3.0
+    conf = load_kubeconfig(str(node_kubeconfig))
+    store = KubeStore(Client(conf, timeout=(1.0, 0.5)), conf.namespace, rbac.NODE)
+    try:
+        emu.fail("timeout")
+        t = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="(?i)timed out"):
+            store.get_pool(POOL)
+        assert time.monotonic() - t < 2.5
+    finally:
+        store.close()
+
+
+def test_default_timeouts_are_bounded() -> None:
+    connect, read = kubeapi.TIMEOUT
+    assert 0 < connect <= 5 and 0 < read <= 15
+
+
+def test_injected_409_on_update_is_a_conflict_and_changes_nothing(emu: Emulator, node_kubeconfig: Path) -> None:
+    store = open_kube(node_kubeconfig)
+    try:
+        create(store, {"1": A})
+        snap = store.get_pool(POOL)
+        assert snap is not None
+        emu.fail("409")
+        with pytest.raises(Conflict):
+            store.commit_pool(snap, PoolUpdate(put={"2": B}))
+        now = store.get_pool(POOL)
+        assert now is not None and now.version == snap.version and now.allocations == {"1": A}
+    finally:
+        store.close()
+
+
+def test_commit_after_a_foreign_write_rereads_and_conflicts(emu: Emulator, node_kubeconfig: Path) -> None:
+    one, two = open_kube(node_kubeconfig), open_kube(node_kubeconfig)
+    try:
+        create(one, {"1": A})
+        snap = one.get_pool(POOL)
+        assert snap is not None
+        two.commit_pool(snap, PoolUpdate(put={"2": B}))  # two never read it: reads, then writes
+        with pytest.raises(Conflict):
+            one.commit_pool(snap, PoolUpdate(put={"3": B}))
+        pool = two.get_pool(POOL)
+        assert pool is not None and pool.allocations == {"1": A, "2": B}
+    finally:
+        one.close()
+        two.close()
+
+
+# ---- schema enforcement in the emulator, and object compatibility ---------------------------------
+
+
+def test_emulator_rejects_objects_invalid_against_the_crd_schema(emu: Emulator, tmp_path: Path) -> None:
+    client = admin(emu, tmp_path)
+    good = crd.pool_to_object(Pool(POOL, "198.51.100.0/24", {"1": A}), SA_NAMESPACE)
+    bad: list[dict[str, Any]] = [
+        {**good, "spec": {"range": "198.51.100.0/24"}},  # allocations required
+        {**good, "spec": {**good["spec"], "range": 24}},  # range: string
+        {**good, "spec": {**good["spec"], "allocations": {"1": {"podref": "ns/a"}}}},  # id required
+        {**good, "metadata": {"name": "--1"}},  # not a DNS subdomain (upstream's names for ::1)
+    ]
+    for obj in bad:
+        with pytest.raises(ApiError) as e:
+            client.request("POST", POOLS, obj)
+        assert e.value.status == 422, obj
+    assert emu.count("ippools") == 0
+    client.request("POST", POOLS, good)
+    client.close()
+
+
+def test_emulator_prunes_unknown_fields_like_an_api_server(emu: Emulator, tmp_path: Path) -> None:
+    client = admin(emu, tmp_path)
+    obj = crd.pool_to_object(Pool(POOL, "198.51.100.0/24", {"1": A}), SA_NAMESPACE)
+    obj["spec"]["allocations"]["1"]["poduid"] = "x"
+    obj["spec"]["extra"] = 1
+    obj["metadata"]["bogus"] = True
+    stored = client.request("POST", POOLS, obj)
+    assert stored["spec"] == {
+        "range": "198.51.100.0/24",
+        "allocations": {"1": {"id": A.container_id, "podref": "ns/a", "ifname": "net1"}},
+    }
+    assert "bogus" not in stored["metadata"]
+    client.close()
+
+
+def test_what_the_store_writes_survives_pruning_unchanged(emu: Emulator, node_kubeconfig: Path, tmp_path: Path) -> None:
+    store = open_kube(node_kubeconfig)
+    try:
+        create(store, {"1": A, "2": B})
+        store.put_reservation(Reservation("blue-198.51.100.1", A))
+    finally:
+        store.close()
+    client = admin(emu, tmp_path)
+    obj = client.request("GET", f"{POOLS}/{POOL}")
+    expected = crd.pool_to_object(Pool(POOL, "198.51.100.0/24", {"1": A, "2": B}), SA_NAMESPACE)
+    assert obj["spec"] == expected["spec"]
+    assert obj["metadata"]["annotations"] == expected["metadata"]["annotations"]
+    client.close()
+
+
+def test_invalid_object_name_is_a_config_error(emu: Emulator, node_kubeconfig: Path) -> None:
+    store = open_kube(node_kubeconfig)
+    try:
+        with pytest.raises(Exception) as e:
+            store.put_reservation(Reservation("--1", A))
+        assert getattr(e.value, "code", None) == Code.INVALID_CONFIG and "metadata.name" in str(e.value)
+    finally:
+        store.close()
+
+
+def test_pool_written_by_upstream_is_read_and_its_metadata_kept(
+    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
+) -> None:
+    """An IPPool as whereabouts writes it: no pycni annotation, its own labels and annotations."""
+    client = admin(emu, tmp_path)
+    upstream = {
+        "apiVersion": "whereabouts.cni.cncf.io/v1alpha1",
+        "kind": "IPPool",
+        "metadata": {"name": POOL, "labels": {"team": "gpu"}, "annotations": {"note": "kept"}},
+        "spec": {"range": "198.51.100.0/24", "allocations": {"5": {"id": "c" * 64, "podref": "ns/old"}}},
+    }
+    client.request("POST", POOLS, upstream)
+    store = open_kube(node_kubeconfig)
+    try:
+        snap = store.get_pool(POOL)
+        assert snap is not None and snap.allocations == {"5": Allocation("c" * 64, "ns/old", "")}
+        store.commit_pool(snap, PoolUpdate(put={"6": A}))
+    finally:
+        store.close()
+    obj = client.request("GET", f"{POOLS}/{POOL}")
+    assert obj["metadata"]["labels"] == {"team": "gpu"}
+    assert obj["metadata"]["annotations"]["note"] == "kept"
+    assert set(obj["spec"]["allocations"]) == {"5", "6"}
+    client.close()
+
+
+def test_owners_annotation_is_dropped_when_nothing_is_left_to_record(emu: Emulator, node_kubeconfig: Path, tmp_path: Path) -> None:
+    store = open_kube(node_kubeconfig)
+    try:
+        create(store, {"1": A})
+        snap = store.get_pool(POOL)
+        assert snap is not None
+        store.commit_pool(snap, PoolUpdate(remove=frozenset({"1"})))
+    finally:
+        store.close()
+    client = admin(emu, tmp_path)
+    obj = client.request("GET", f"{POOLS}/{POOL}")
+    assert crd.OWNERS not in (obj["metadata"].get("annotations") or {})
+    client.close()
+
+
+def test_paging_uses_limit_and_continue(emu: Emulator, node_kubeconfig: Path) -> None:
+    store = open_kube(node_kubeconfig)
+    try:
+        for i in range(7):
+            store.put_reservation(Reservation(f"198.51.100.{i}", B))
+        store.page = 3
+        before = emu.requests
+        assert len(list(store.iter_reservations())) == 7
+        assert emu.requests - before == 3
+    finally:
+        store.close()
+
+
+def test_rbac_require_stops_an_undeclared_request_before_it_is_sent(emu: Emulator, node_kubeconfig: Path) -> None:
+    conf = load_kubeconfig(str(node_kubeconfig))
+    store = KubeStore(Client(conf), conf.namespace, role=rbac.RECONCILER)
+    try:
+        before = emu.requests
+        with pytest.raises(rbac.NotGranted):
+            create(store)  # the reconciler never creates
+        assert emu.requests == before
+    finally:
+        store.close()
+
+
+def test_basic_auth_header(emu: Emulator, tmp_path: Path) -> None:
+    path = emu.kubeconfig(tmp_path / "k", token="")
+    doc = orjson.loads(path.read_bytes())
+    doc["users"][0]["user"] = {"username": "u", "password": "p"}
+    path.write_bytes(orjson.dumps(doc))
+    client = Client(load_kubeconfig(str(path)))
+    assert client._auth == "Basic " + base64.b64encode(b"u:p").decode()
+    with pytest.raises(ApiError) as e:  # the emulator knows tokens and certificates only
+        client.request("GET", POOLS)
+    assert e.value.status == 401
+    client.close()
