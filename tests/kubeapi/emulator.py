@@ -13,7 +13,8 @@ Authentication: bearer tokens (`tokens`: token -> identity) or, over TLS, a clie
 CN is the identity); anything else is 401. Identities named after a service account of
 bundler/manifests/rbac.yaml get exactly what its Roles and ClusterRoles grant (403 otherwise);
 "admin" gets everything. Every request is recorded as (identity, verb, group, resource) in `calls`
-(and appended to the file named by PYCNI_KUBEAPI_RECORD, for the RBAC test).
+(and appended to the file named by PYCNI_KUBEAPI_RECORD, for the RBAC test); refused ones in
+`forbidden`.
 
 Faults: `fail(kind, n)` makes the next n requests answer 500, 503, 409, hang past the client's
 timeout ("timeout"), or drop the connection ("reset")."""
@@ -53,7 +54,8 @@ META_FIELDS = {
 ANNOTATIONS_MAX = 256 * 1024
 RECORD_ENV = "PYCNI_KUBEAPI_RECORD"
 # identities: the two service accounts of bundler/manifests/rbac.yaml, and an unrestricted admin
-TOKENS = {"admin-token": "admin", "node-token": "pycni-node", "reconciler-token": "pycni-reconciler"}
+TOKENS = {"admin-token": "admin", "node-token": "pycni-node", "reconciler-token": "pycni-reconciler",
+          "nobody-token": "nobody"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,8 @@ class Emulator:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.namespaces: set[str] = {"default", "kube-system", SA_NAMESPACE}
         self.tokens: dict[str, str] = dict(TOKENS)
-        self.calls: set[tuple[str, str, str, str]] = set()
+        self.calls: set[tuple[str, str, str, str]] = set()  # (identity, verb, group, resource) granted
+        self.forbidden: set[tuple[str, str, str, str]] = set()  # and refused (403)
         self.requests = 0
         self.lock = threading.Lock()
         self._rv = itertools.count(1000)
@@ -250,27 +253,29 @@ class Emulator:
         with self.lock:
             return self._faults.pop(0) if self._faults else ""
 
-    def _record(self, who: str, verb: str, group: str, resource: str) -> None:
+    def _record(self, who: str, verb: str, group: str, resource: str, allowed: bool) -> None:
         key = (who, verb, group, resource)
         with self.lock:
             self.requests += 1
-            if key in self.calls:
+            seen = self.calls if allowed else self.forbidden
+            if key in seen:
                 return
-            self.calls.add(key)
+            seen.add(key)
         record = os.environ.get(RECORD_ENV)
         if record:
             with open(record, "ab") as fh:
-                fh.write(orjson.dumps(list(key)) + b"\n")
+                fh.write(orjson.dumps([*key, allowed]) + b"\n")
 
     def _authorize(self, who: str, verb: str, group: str, resource: str, namespace: str) -> None:
         """RBAC: a ClusterRole grant anywhere, a Role grant in the service accounts' namespace."""
-        self._record(who, verb, group, resource)
-        if who == "admin" or self.grants is None:
-            return
-        granted = self.grants.get(who, set())
-        ok = (group, resource, verb, False) in granted or (
-            namespace == SA_NAMESPACE and (group, resource, verb, True) in granted
-        )
+        ok = who == "admin" or self.grants is None
+        if not ok:
+            assert self.grants is not None
+            granted = self.grants.get(who, set())
+            ok = (group, resource, verb, False) in granted or (
+                namespace == SA_NAMESPACE and (group, resource, verb, True) in granted
+            )
+        self._record(who, verb, group, resource, ok)
         if not ok:
             raise Reply(403, "Forbidden", f'{resource}.{group or "core"} is forbidden: User '
                         f'"system:serviceaccount:{SA_NAMESPACE}:{who}" cannot {verb} resource "{resource}"')
