@@ -1,0 +1,85 @@
+"""The whereabouts IPAM on the Kubernetes store, run as a runtime runs it: from source in the first pass
+of `make test`, the frozen bundle's entries in the second (PYCNI_PLUGIN_DIR=dist/cni-bin), so the
+bundle is known to carry ipam.store.kube, ipam.kubeapi, ipam.kubepods and the parts of the kubernetes
+client they load (bare packages, no package __init__). Against the in-process API emulator over TLS."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni import jsonio
+from tests.kubeapi.emulator import Emulator, make_pki
+from tests.kubeapi.factory import open_kube
+from tests.nsutil import REPO, plugin_command
+
+CID = "fe" * 32
+ENV = {
+    "CNI_CONTAINERID": CID,
+    "CNI_NETNS": "/run/netns/none",
+    "CNI_IFNAME": "net1",
+    "CNI_PATH": "/usr/lib/cni",
+    "NODENAME": "node-e2e",
+    "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e;K8S_POD_NAME=kube-pod;K8S_POD_UID=uid-kube",
+}
+
+
+@pytest.fixture
+def emu(tmp_path: Path) -> Iterator[Emulator]:
+    e = Emulator(tls=make_pki(tmp_path / "pki"))
+    try:
+        yield e
+    finally:
+        e.stop()
+
+
+def run(cmd: list[str], env: dict[str, str], stdin: bytes) -> tuple[int, Any, str]:
+    full = {**os.environ, **env, "PYTHONPATH": str(REPO)}
+    p = subprocess.run(cmd, input=stdin, env=full, capture_output=True, timeout=120, check=False)
+    out = p.stdout.decode()
+    return p.returncode, jsonio.loads(out) if out.startswith("{") else out, p.stderr.decode()
+
+
+def test_whereabouts_allocates_on_the_kube_store(emu: Emulator, tmp_path: Path) -> None:
+    kubeconfig = emu.kubeconfig(tmp_path / "node.kubeconfig", token="node-token")
+    flat = tmp_path / "whereabouts.conf"
+    flat.write_text(jsonio.dumps({"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig)}}).decode())
+    conf = {
+        "cniVersion": "1.1.0",
+        "name": "kube-e2e",
+        "type": "macvlan",
+        "ipam": {"type": "whereabouts", "range": "198.51.100.0/28", "configuration_path": str(flat)},
+    }
+    data = jsonio.dumps(conf)
+    rc, out, err = run(plugin_command("whereabouts"), {**ENV, "CNI_COMMAND": "ADD"}, data)
+    assert rc == 0, (out, err)
+    assert [ip["address"] for ip in out["ips"]] == ["198.51.100.1/28"]
+    assert run(plugin_command("whereabouts"), {**ENV, "CNI_COMMAND": "CHECK"}, data)[0] == 0
+    store = open_kube(kubeconfig)
+    try:
+        pool = store.get_pool("198.51.100.0-28")
+        assert pool is not None and pool.allocations["1"].podref == "e2e/kube-pod"
+        assert store.get_reservation("198.51.100.1") is not None
+    finally:
+        store.close()
+    # the operator tool of the same bundle reads the same store
+    bindir = os.environ.get("PYCNI_PLUGIN_DIR")
+    tool = [os.path.join(bindir, "pycni-ipam")] if bindir else [sys.executable, "-m", "ipam"]
+    rc, table, err = run([*tool, "--config", str(flat), "pools"], {}, b"")
+    assert rc == 0 and "198.51.100.0-28" in table and "1/14" in table, (table, err)
+    rc, out, err = run(plugin_command("whereabouts"), {**ENV, "CNI_COMMAND": "DEL"}, data)
+    assert rc == 0, (out, err)
+    store = open_kube(kubeconfig)
+    try:
+        pool = store.get_pool("198.51.100.0-28")
+        assert pool is not None and dict(pool.allocations) == {}
+        assert list(store.iter_reservations()) == []
+    finally:
+        store.close()
+    assert ("pycni-node", "create", "whereabouts.cni.cncf.io", "ippools") in emu.calls
