@@ -128,7 +128,8 @@ def allocate(
         return Decision(int(key), "takeover", PoolUpdate(put={key: owner}))
     segments = segments_as_offsets(rng)
     for want in prefer:
-        if want not in blocked and view.lowest_free([(want, want)], blocked) == want and _inside(segments, want):
+        free = want not in blocked and view.lowest_free([(want, want)], blocked) == want
+        if free and _inside(segments, want):
             return Decision(want, "new", PoolUpdate(put={str(want): owner}))
     offset = view.lowest_free(segments, blocked)
     if offset is not None and spread > 1:

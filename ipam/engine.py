@@ -32,7 +32,6 @@ from ipam.store.base import (
 )
 from ipam.store.names import pool_name, reservation_name
 
-
 SPREAD_MAX = 32  # after lost races, pick among at most this many of the lowest free addresses
 
 

@@ -184,8 +184,7 @@ def rest_modules() -> tuple[Any, Any]:
     """kubernetes.client.rest and kubernetes.client.configuration, at the lowest import cost."""
     for name in ("kubernetes", "kubernetes.client", "kubernetes.config", "kubernetes.utils"):
         _bare(name)
-    import kubernetes.client.configuration as configuration
-    import kubernetes.client.rest as rest
+    from kubernetes.client import configuration, rest
 
     return rest, configuration
 
@@ -216,7 +215,10 @@ class Client:
         c.verify_ssl = not conf.insecure
         c.ssl_ca_cert = conf.ca_file or None
         c.ca_cert_data = conf.ca_data or None
-        c.cert_file, c.key_file = self._pem(conf.cert_file, conf.cert_data), self._pem(conf.key_file, conf.key_data)
+        c.cert_file, c.key_file = (
+            self._pem(conf.cert_file, conf.cert_data),
+            self._pem(conf.key_file, conf.key_data),
+        )
         c.tls_server_name = conf.tls_server_name or None
         c.proxy = conf.proxy or None
         c.connection_pool_maxsize = 2
@@ -247,7 +249,9 @@ class Client:
                 with open(conf.token_file) as fh:
                     token = fh.read().strip()
             except OSError as e:
-                raise ConfigError(f"{FIELD}: {conf.path}: tokenFile {conf.token_file}: {e.strerror}") from None
+                raise ConfigError(
+                    f"{FIELD}: {conf.path}: tokenFile {conf.token_file}: {e.strerror}"
+                ) from None
             self._auth = f"Bearer {token}"
         elif conf.token:
             self._auth = f"Bearer {conf.token}"
@@ -263,7 +267,8 @@ class Client:
         from kubernetes.config.exec_provider import ExecProvider
 
         try:
-            status = ExecProvider(_ExecNode(self.conf.exec or {}), os.path.dirname(self.conf.path)).run()
+            provider = ExecProvider(_ExecNode(self.conf.exec or {}), os.path.dirname(self.conf.path))  # type: ignore[no-untyped-call]
+            status = provider.run()  # type: ignore[no-untyped-call]
         except (ConfigException, OSError) as e:
             raise Unreachable(f"exec credential plugin: {e}") from None
         token = status.get("token") if isinstance(status, dict) else None

@@ -29,7 +29,9 @@ class KubePodSource:
         except Unreachable as e:
             raise PodSourceError(f"kubernetes: get pod {namespace}/{name}: {e}") from None
         meta = pod.get("metadata") or {}
-        return PodInfo(str(meta.get("namespace") or namespace), str(meta.get("name") or name), str(meta.get("uid") or ""))
+        return PodInfo(
+            str(meta.get("namespace") or namespace), str(meta.get("name") or name), str(meta.get("uid") or "")
+        )
 
     def close(self) -> None:
         self.client.close()

@@ -73,7 +73,9 @@ class KubeStore:
         while True:
             doc = self._call("list", resource, query={"limit": self.page, "continue": token})
             if doc is None:
-                raise StoreUnavailable(f"kubernetes: list {resource}: not served (are the whereabouts CRDs installed?)")
+                raise StoreUnavailable(
+                    f"kubernetes: list {resource}: not served (are the whereabouts CRDs installed?)"
+                )
             yield from doc.get("items") or []
             token = str((doc.get("metadata") or {}).get("continue") or "")
             if not token:
@@ -140,14 +142,18 @@ class KubeStore:
         else:
             meta = self._res_meta.get(res.name) or {}
             if meta.get("resourceVersion") == res.version:
-                body["metadata"] = _merged_meta(meta, body["metadata"], (crd.RES_UID, crd.RES_NETWORK, crd.RES_NODE))
+                body["metadata"] = _merged_meta(
+                    meta, body["metadata"], (crd.RES_UID, crd.RES_NETWORK, crd.RES_NODE)
+                )
             obj = self._call("update", RESERVATIONS, res.name, body)
             if obj is None:
                 raise Conflict(f"kubernetes: reservation {res.name}: deleted since version {res.version}")
         meta = (obj or {}).get("metadata") or {}
         version = str(meta.get("resourceVersion") or "")
         if not version:
-            raise StoreUnavailable(f"kubernetes: reservation {res.name}: the server returned no resourceVersion")
+            raise StoreUnavailable(
+                f"kubernetes: reservation {res.name}: the server returned no resourceVersion"
+            )
         self._res_meta[res.name] = meta
         return version
 
@@ -156,7 +162,11 @@ class KubeStore:
             if self.get_reservation(res.name) is not None:
                 raise Conflict(f"kubernetes: reservation {res.name}: exists, and no version was given")
             return
-        options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"resourceVersion": res.version}}
+        options = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "preconditions": {"resourceVersion": res.version},
+        }
         self._call("delete", RESERVATIONS, res.name, options)  # 404: already gone, success
         self._res_meta.pop(res.name, None)
 

@@ -34,4 +34,7 @@ def kubernetes(tmp: Path) -> AbstractContextManager[Target]:
     return concurrency_target(tmp)
 
 
-TARGETS: dict[str, Callable[[Path], AbstractContextManager[Target]]] = {"local": local, "kubernetes": kubernetes}
+TARGETS: dict[str, Callable[[Path], AbstractContextManager[Target]]] = {
+    "local": local,
+    "kubernetes": kubernetes,
+}

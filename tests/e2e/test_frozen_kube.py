@@ -49,7 +49,9 @@ def run(cmd: list[str], env: dict[str, str], stdin: bytes) -> tuple[int, Any, st
 def test_whereabouts_allocates_on_the_kube_store(emu: Emulator, tmp_path: Path) -> None:
     kubeconfig = emu.kubeconfig(tmp_path / "node.kubeconfig", token="node-token")
     flat = tmp_path / "whereabouts.conf"
-    flat.write_text(jsonio.dumps({"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig)}}).decode())
+    flat.write_text(
+        jsonio.dumps({"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig)}}).decode()
+    )
     conf = {
         "cniVersion": "1.1.0",
         "name": "kube-e2e",

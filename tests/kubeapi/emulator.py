@@ -157,7 +157,9 @@ class Emulator:
     def __init__(self, tls: Path | None = None, rbac: bool = True) -> None:
         self.kinds = load_crds()
         self.grants = load_rbac() if rbac else None
-        self.objects: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}  # (plural, ns) -> name -> obj
+        self.objects: dict[
+            tuple[str, str, str], dict[str, dict[str, Any]]
+        ] = {}  # (plural, ns) -> name -> obj
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.namespaces: set[str] = {"default", "kube-system", SA_NAMESPACE}
         self.tokens: dict[str, str] = dict(TOKENS)
@@ -184,7 +186,9 @@ class Emulator:
             self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True, name="kubeapi")
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, args=(0.05,), daemon=True, name="kubeapi"
+        )
         self._thread.start()
 
     # ---- test controls ----------------------------------------------------------------------------
@@ -232,7 +236,8 @@ class Emulator:
             "apiVersion": "v1", "kind": "Config", "current-context": "test",
             "clusters": [{"name": "emu", "cluster": cluster}],
             "users": [{"name": "u", "user": user}],
-            "contexts": [{"name": "test", "context": {"cluster": "emu", "user": "u", "namespace": namespace}}],
+            "contexts": [{"name": "test",
+                          "context": {"cluster": "emu", "user": "u", "namespace": namespace}}],
         }  # fmt: skip
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as fh:
@@ -277,8 +282,12 @@ class Emulator:
             )
         self._record(who, verb, group, resource, ok)
         if not ok:
-            raise Reply(403, "Forbidden", f'{resource}.{group or "core"} is forbidden: User '
-                        f'"system:serviceaccount:{SA_NAMESPACE}:{who}" cannot {verb} resource "{resource}"')
+            raise Reply(
+                403,
+                "Forbidden",
+                f"{resource}.{group or 'core'} is forbidden: User "
+                f'"system:serviceaccount:{SA_NAMESPACE}:{who}" cannot {verb} resource "{resource}"',
+            )
 
     def handle(self, method: str, target: str, who: str, body: bytes) -> tuple[int, dict[str, Any]]:
         url = urlsplit(target)
@@ -297,7 +306,9 @@ class Emulator:
         if len(rest) < 3 or rest[0] != "namespaces":
             raise Reply(404, "NotFound", f"the server could not find the requested resource {url.path}")
         namespace, resource, name = rest[1], rest[2], rest[3] if len(rest) > 3 else ""
-        verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update", "DELETE": "delete"}.get(method)
+        verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update", "DELETE": "delete"}.get(
+            method
+        )
         if verb is None or (verb == "create" and name):
             raise Reply(405, "MethodNotAllowed", f"{method} is not supported here")
         self._authorize(who, verb, group, resource, namespace)
@@ -311,9 +322,8 @@ class Emulator:
         if kind is None:
             raise Reply(404, "NotFound", f"the server could not find the requested resource {url.path}")
         with self.lock:
-            if namespace not in self.namespaces:
-                if verb == "create":
-                    raise Reply(404, "NotFound", f'namespaces "{namespace}" not found')
+            if namespace not in self.namespaces and verb == "create":
+                raise Reply(404, "NotFound", f'namespaces "{namespace}" not found')
         if verb == "list":
             return 200, self._list(kind, namespace, query)
         if verb == "get":
@@ -357,13 +367,19 @@ class Emulator:
         meta = {k: v for k, v in meta.items() if k in META_FIELDS}
         oname = meta.get("name", "")
         if not isinstance(oname, str) or not oname or len(oname) > 253 or not NAME.match(oname):
-            raise Reply(422, "Invalid", f'{kind.kind} "{oname}" is invalid: metadata.name: Invalid value: '
-                        f'"{oname}": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric '
-                        f"characters, '-' or '.', and must start and end with an alphanumeric character")
+            raise Reply(
+                422,
+                "Invalid",
+                f'{kind.kind} "{oname}" is invalid: metadata.name: Invalid value: '
+                f'"{oname}": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric '
+                f"characters, '-' or '.', and must start and end with an alphanumeric character",
+            )
         if name and oname != name:
             raise Reply(400, "BadRequest", "the name of the object does not match the name on the URL")
         if meta.get("namespace", namespace) != namespace:
-            raise Reply(400, "BadRequest", "the namespace of the object does not match the namespace on the URL")
+            raise Reply(
+                400, "BadRequest", "the namespace of the object does not match the namespace on the URL"
+            )
         notes = meta.get("annotations") or {}
         if not isinstance(notes, dict) or not all(isinstance(v, str) for v in notes.values()):
             raise Reply(422, "Invalid", "metadata.annotations: Invalid value: must be strings")
@@ -377,7 +393,9 @@ class Emulator:
         pruned["metadata"] = {**meta, "namespace": namespace}
         return pruned
 
-    def _write(self, kind: Kind, namespace: str, name: str, verb: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    def _write(
+        self, kind: Kind, namespace: str, name: str, verb: str, body: bytes
+    ) -> tuple[int, dict[str, Any]]:
         obj = self._decode(kind, namespace, name, body)
         meta = obj["metadata"]
         name = meta["name"]
@@ -396,13 +414,21 @@ class Emulator:
                     raise Reply(404, "NotFound", f'{kind.plural}.{kind.group} "{name}" not found')
                 want = meta.get("resourceVersion")
                 if not want:
-                    raise Reply(422, "Invalid", f'{kind.kind}.{kind.group} "{name}" is invalid: '
-                                "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update")
+                    raise Reply(
+                        422,
+                        "Invalid",
+                        f'{kind.kind}.{kind.group} "{name}" is invalid: '
+                        "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+                    )
                 cm = current["metadata"]
                 if want != cm["resourceVersion"]:
-                    raise Reply(409, "Conflict", f'Operation cannot be fulfilled on {kind.plural}.{kind.group} '
-                                f'"{name}": the object has been modified; please apply your changes to the '
-                                "latest version and try again")
+                    raise Reply(
+                        409,
+                        "Conflict",
+                        f"Operation cannot be fulfilled on {kind.plural}.{kind.group} "
+                        f'"{name}": the object has been modified; please apply your changes to the '
+                        "latest version and try again",
+                    )
                 for keep in ("uid", "creationTimestamp", "generation"):
                     meta[keep] = cm.get(keep)
                 if "managedFields" not in meta and "managedFields" in cm:
@@ -421,9 +447,13 @@ class Emulator:
             if current is None:
                 raise Reply(404, "NotFound", f'{kind.plural}.{kind.group} "{name}" not found')
             if want and want != current["metadata"]["resourceVersion"]:
-                raise Reply(409, "Conflict", f"Operation cannot be fulfilled on {kind.plural}.{kind.group} "
-                            f'"{name}": Precondition failed: ResourceVersion: Expected: {want}, Actual: '
-                            f'{current["metadata"]["resourceVersion"]}')
+                raise Reply(
+                    409,
+                    "Conflict",
+                    f"Operation cannot be fulfilled on {kind.plural}.{kind.group} "
+                    f'"{name}": Precondition failed: ResourceVersion: Expected: {want}, Actual: '
+                    f"{current['metadata']['resourceVersion']}",
+                )
             del table[name]
             next(self._rv)
         return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": name}}
@@ -465,7 +495,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stall
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def _identity(self) -> str:

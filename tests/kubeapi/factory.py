@@ -32,10 +32,14 @@ PAGE = 16  # objects per list page in the tests: small, so iter_* pages
 
 def unreachable_kubeconfig(tmp: Path) -> Path:
     """A kubeconfig pointing at a port nothing listens on."""
-    emu_like = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
-                "clusters": [{"name": "x", "cluster": {"server": f"http://127.0.0.1:{free_port()}"}}],
-                "users": [{"name": "u", "user": {"token": "node-token"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "x", "user": "u", "namespace": "ns"}}]}  # fmt: skip
+    emu_like = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "c",
+        "clusters": [{"name": "x", "cluster": {"server": f"http://127.0.0.1:{free_port()}"}}],
+        "users": [{"name": "u", "user": {"token": "node-token"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "x", "user": "u", "namespace": "ns"}}],
+    }
     path = tmp / "unreachable.kubeconfig"
     path.write_text(yaml.safe_dump(emu_like))
     path.chmod(0o600)
@@ -111,13 +115,20 @@ def real_cluster(tmp: Path) -> Iterator[RealFactory]:
 
     source = os.environ.get(REAL_ENV)
     if not source:
-        pytest.skip(f"{REAL_ENV} is not set: the real-cluster variant needs a cluster (the emulator variant ran)")
+        pytest.skip(
+            f"{REAL_ENV} is not set: the real-cluster variant needs a cluster (the emulator variant ran)"
+        )
     client = Client(load_kubeconfig(source))
     try:
         ensure_crds(client)
         ns: dict[str, Any] = client.request(
-            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                           "metadata": {"generateName": "pycni-test-"}}  # fmt: skip
+            "POST",
+            "/api/v1/namespaces",
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"generateName": "pycni-test-"},
+            },
         )
         namespace = ns["metadata"]["name"]
         deadline = time.monotonic() + 60

@@ -81,7 +81,7 @@ def test_bad_kubeconfig_is_a_config_error_naming_the_field(tmp_path: Path, text:
 
 
 def test_missing_kubeconfig_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="kubernetes.kubeconfig: cannot read"):
+    with pytest.raises(ConfigError, match=r"kubernetes\.kubeconfig: cannot read"):
         load_kubeconfig(str(tmp_path / "absent"))
 
 
@@ -115,7 +115,7 @@ def test_tls_refuses_a_server_the_ca_did_not_sign(tls_emu: Emulator, tmp_path: P
     path.write_bytes(orjson.dumps(doc))
     store = open_kube(path)
     try:
-        with pytest.raises(StoreUnavailable, match="(?i)certificate"):
+        with pytest.raises(StoreUnavailable, match=r"(?i)certificate"):
             store.get_pool(POOL)
     finally:
         store.close()
@@ -160,7 +160,9 @@ def test_exec_credential_plugin(emu: Emulator, tmp_path: Path) -> None:
     plugin.chmod(0o755)
     path = emu.kubeconfig(tmp_path / "k", token="")
     doc = orjson.loads(path.read_bytes())
-    doc["users"][0]["user"] = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin)}}
+    doc["users"][0]["user"] = {
+        "exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin)}
+    }
     path.write_bytes(orjson.dumps(doc))
     store = open_kube(path)
     try:
@@ -197,7 +199,7 @@ def test_a_hanging_server_times_out_within_the_bound(emu: Emulator, node_kubecon
     try:
         emu.fail("timeout")
         t = time.monotonic()
-        with pytest.raises(StoreUnavailable, match="(?i)timed out"):
+        with pytest.raises(StoreUnavailable, match=r"(?i)timed out"):
             store.get_pool(POOL)
         assert time.monotonic() - t < 2.5
     finally:
@@ -209,7 +211,9 @@ def test_default_timeouts_are_bounded() -> None:
     assert 0 < connect <= 5 and 0 < read <= 15
 
 
-def test_injected_409_on_update_is_a_conflict_and_changes_nothing(emu: Emulator, node_kubeconfig: Path) -> None:
+def test_injected_409_on_update_is_a_conflict_and_changes_nothing(
+    emu: Emulator, node_kubeconfig: Path
+) -> None:
     store = open_kube(node_kubeconfig)
     try:
         create(store, {"1": A})
@@ -276,7 +280,9 @@ def test_emulator_prunes_unknown_fields_like_an_api_server(emu: Emulator, tmp_pa
     client.close()
 
 
-def test_what_the_store_writes_survives_pruning_unchanged(emu: Emulator, node_kubeconfig: Path, tmp_path: Path) -> None:
+def test_what_the_store_writes_survives_pruning_unchanged(
+    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
+) -> None:
     store = open_kube(node_kubeconfig)
     try:
         create(store, {"1": A, "2": B})
@@ -327,7 +333,9 @@ def test_pool_written_by_upstream_is_read_and_its_metadata_kept(
     client.close()
 
 
-def test_owners_annotation_is_dropped_when_nothing_is_left_to_record(emu: Emulator, node_kubeconfig: Path, tmp_path: Path) -> None:
+def test_owners_annotation_is_dropped_when_nothing_is_left_to_record(
+    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
+) -> None:
     store = open_kube(node_kubeconfig)
     try:
         create(store, {"1": A})
@@ -355,7 +363,9 @@ def test_paging_uses_limit_and_continue(emu: Emulator, node_kubeconfig: Path) ->
         store.close()
 
 
-def test_rbac_require_stops_an_undeclared_request_before_it_is_sent(emu: Emulator, node_kubeconfig: Path) -> None:
+def test_rbac_require_stops_an_undeclared_request_before_it_is_sent(
+    emu: Emulator, node_kubeconfig: Path
+) -> None:
     conf = load_kubeconfig(str(node_kubeconfig))
     store = KubeStore(Client(conf), conf.namespace, role=rbac.RECONCILER)
     try:

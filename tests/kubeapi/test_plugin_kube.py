@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from cni import jsonio
 from cni.errors import Code
 from ipam import cli, rbac
 from ipam.kubeapi import Client, load_kubeconfig
@@ -34,11 +35,17 @@ def call(cmd: str, conf: dict[str, Any], att: Att, **extra: Any) -> tuple[int, A
     return run_inline(att.env(cmd), {**conf, **extra})
 
 
-P1, P2, P3 = Att("c1" * 32, "net1", "ns1/pod-1"), Att("c2" * 32, "net1", "ns1/pod-2"), Att("c3" * 32, "net1", "ns2/pod-3")
+P1, P2, P3 = (
+    Att("c1" * 32, "net1", "ns1/pod-1"),
+    Att("c2" * 32, "net1", "ns1/pod-2"),
+    Att("c3" * 32, "net1", "ns2/pod-3"),
+)
 
 
 def test_add_check_del_dual_stack(emu: Emulator, node_kubeconfig: Path, tmp_path: Path) -> None:
-    conf = conf_for(node_kubeconfig, tmp_path, ipRanges=[{"range": "198.51.100.0/29"}, {"range": "2001:db8::/64"}])
+    conf = conf_for(
+        node_kubeconfig, tmp_path, ipRanges=[{"range": "198.51.100.0/29"}, {"range": "2001:db8::/64"}]
+    )
     rc, out = call("ADD", conf, P1)
     assert rc == 0, out
     assert ips(out) == ["198.51.100.1/29", "2001:db8::1/64"]
@@ -65,7 +72,9 @@ def test_add_check_del_dual_stack(emu: Emulator, node_kubeconfig: Path, tmp_path
         store.close()
 
 
-def test_kubelet_readd_with_a_new_sandbox_takes_over(emu: Emulator, node_kubeconfig: Path, tmp_path: Path) -> None:
+def test_kubelet_readd_with_a_new_sandbox_takes_over(
+    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
+) -> None:
     conf = conf_for(node_kubeconfig, tmp_path, range="198.51.100.0/29")
     first = call("ADD", conf, P1)[1]
     new = Att("d1" * 32, P1.ifname, P1.pod)
@@ -87,7 +96,9 @@ def test_gc_releases_what_is_not_valid(emu: Emulator, node_kubeconfig: Path, tmp
     for att in (P1, P2):
         assert call("ADD", conf, att)[0] == 0
     env = {"CNI_COMMAND": "GC", "CNI_PATH": "/usr/lib/cni", "NODENAME": "node-1"}
-    rc, out = run_inline(env, {**conf, "cni.dev/valid-attachments": [{"containerID": P2.cid, "ifname": "net1"}]})
+    rc, out = run_inline(
+        env, {**conf, "cni.dev/valid-attachments": [{"containerID": P2.cid, "ifname": "net1"}]}
+    )
     assert rc == 0, out
     store = open_kube(node_kubeconfig)
     try:
@@ -109,7 +120,9 @@ def test_status_and_add_when_the_api_is_down(tmp_path: Path) -> None:
     assert time.monotonic() - t < 30
 
 
-def test_status_ok_and_recovery_after_injected_errors(emu: Emulator, node_kubeconfig: Path, tmp_path: Path) -> None:
+def test_status_ok_and_recovery_after_injected_errors(
+    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
+) -> None:
     conf = conf_for(node_kubeconfig, tmp_path, range="198.51.100.0/29")
     assert run_inline({"CNI_COMMAND": "STATUS", "CNI_PATH": "/usr/lib/cni"}, conf)[0] == 0
     emu.fail("500", 3)  # the engine retries an outage briefly
@@ -140,7 +153,9 @@ def test_pod_source_answers_per_pod(emu: Emulator, tmp_path: Path) -> None:
     finally:
         src.close()
     # an account that may not read pods: forbidden is "cannot tell", never "gone"
-    node = KubePodSource(Client(load_kubeconfig(str(emu.kubeconfig(tmp_path / "n", token="nobody-token")))), rbac.RECONCILER)
+    node = KubePodSource(
+        Client(load_kubeconfig(str(emu.kubeconfig(tmp_path / "n", token="nobody-token")))), rbac.RECONCILER
+    )
     try:
         with pytest.raises(PodSourceError, match="403"):
             node.lookup("ns1", "pod-1")
@@ -148,7 +163,9 @@ def test_pod_source_answers_per_pod(emu: Emulator, tmp_path: Path) -> None:
         node.close()
 
 
-def test_reconciler_frees_only_what_belongs_to_gone_pods(emu: Emulator, node_kubeconfig: Path, tmp_path: Path) -> None:
+def test_reconciler_frees_only_what_belongs_to_gone_pods(
+    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
+) -> None:
     conf = conf_for(node_kubeconfig, tmp_path, range="198.51.100.0/29")
     for att in (P1, P2, P3):
         assert call("ADD", conf, att)[0] == 0
@@ -187,10 +204,13 @@ def test_cli_pools_show_release_and_reconcile_on_the_kube_store(
     for att in (P1, P2):
         assert call("ADD", conf, att)[0] == 0
     ipam_file = tmp_path / "ipam.json"
-    ipam_file.write_text(
-        '{"datastore": "kubernetes", "kubernetes": {"kubeconfig": "%s"}, "configuration_path": "%s"}'
-        % (reconciler_kubeconfig(emu, tmp_path), tmp_path / "whereabouts.conf")
-    )
+    kube = {"kubeconfig": str(reconciler_kubeconfig(emu, tmp_path))}
+    section = {
+        "datastore": "kubernetes",
+        "kubernetes": kube,
+        "configuration_path": str(tmp_path / "whereabouts.conf"),
+    }
+    ipam_file.write_bytes(jsonio.dumps(section))
     rc, out = run_cli("--config", str(ipam_file), "pools")
     assert rc == 0 and "198.51.100.0-29" in out and "2/6" in out
     rc, out = run_cli("--config", str(ipam_file), "show", "198.51.100.0-29")
