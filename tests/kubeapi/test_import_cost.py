@@ -1,0 +1,67 @@
+"""Import cost of the Kubernetes store on the plugin's path (every CNI call is a fresh process): an ADD on
+the kube store loads only the REST layer of the kubernetes client (bare packages, ipam.kubeapi), never
+the package __init__ with its models, the kubeconfig loader, requests or oauthlib; other stores load
+nothing of it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from cni import jsonio
+from tests.kubeapi.emulator import Emulator
+from tests.nsutil import REPO
+
+HEAVY = (
+    "kubernetes.client.api_client",
+    "kubernetes.client.models",
+    "kubernetes.config.kube_config",
+    "kubernetes.dynamic",
+    "kubernetes.watch",
+    "kubernetes.leaderelection",
+    "requests",
+    "oauthlib",
+    "requests_oauthlib",
+    "yaml",
+)
+
+
+def add(tmp: Path, store: dict[str, Any], cid: str) -> list[str]:
+    flat = tmp / "whereabouts.conf"
+    flat.write_text("{}")
+    ipam = {"type": "whereabouts", "range": "198.51.100.0/24", "configuration_path": str(flat), **store}
+    conf = {"cniVersion": "1.1.0", "name": "imp", "type": "macvlan", "ipam": ipam}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
+    env.update(PYTHONPATH=str(REPO), CNI_COMMAND="ADD", CNI_CONTAINERID=cid, CNI_NETNS="/run/netns/none",
+               CNI_IFNAME="net1", CNI_PATH="/usr/lib/cni", NODENAME="n",
+               CNI_ARGS="K8S_POD_NAMESPACE=a;K8S_POD_NAME=p")  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "cni", "whereabouts"],
+        input=jsonio.dumps(conf), env=env, capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout
+    return [
+        line.rsplit("|", 1)[1].strip()
+        for line in p.stderr.decode().splitlines()
+        if line.startswith("import time:") and "self [us]" not in line
+    ]
+
+
+def test_kube_add_loads_only_the_rest_layer(emu: Emulator, node_kubeconfig: Path, tmp_path: Path) -> None:
+    mods = add(
+        tmp_path, {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(node_kubeconfig)}}, "c1"
+    )
+    # (modules loaded with importlib.import_module, as ipam.store.select does, are not listed)
+    assert "kubernetes.client.rest" in mods and "ipam.kubeapi" in mods
+    assert [m for m in mods if m.split(".")[0] in {h.split(".")[0] for h in HEAVY[6:]}] == []
+    assert [m for m in mods if m.startswith(HEAVY[:6])] == []
+
+
+def test_local_add_loads_nothing_of_the_client(tmp_path: Path) -> None:
+    mods = add(tmp_path, {"local_db": str(tmp_path / "ipam.db")}, "c2")
+    assert [
+        m for m in mods if m.startswith(("kubernetes", "urllib3", "ipam.kubeapi", "ipam.store.kube"))
+    ] == []
