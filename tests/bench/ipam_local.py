@@ -1,10 +1,13 @@
-"""Benchmark of the IPAM on the local (SQLite) store. Not a test: prints figures.
+"""Benchmark of the IPAM per store. Not a test: prints figures.
 
   1. 200 concurrent ADDs, each its own process, on one pool: allocations/s over the wall time, and
      p50/p99 of the time inside the plugin (skel.run) and of the whole process (spawn to exit).
   2. One ADD into a pool that already holds 60,000 allocations (IPv4 /15).
   3. One ADD into a /64 that already holds 100,000 allocations.
-Usage: python -m tests.bench.ipam_local [--procs 200]"""
+Stores (--store, default all): local (SQLite), kubernetes (the CRDs through the in-process API
+emulator of tests/kubeapi over loopback HTTP: the client, serialisation and compare-and-swap costs of
+the store, not a real API server's etcd latency).
+Usage: python -m tests.bench.ipam_local [--procs 200] [--store local|kubernetes]"""
 
 from __future__ import annotations
 
@@ -18,13 +21,74 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cni import jsonio, skel
-from ipam.store.base import Allocation, Pool, PoolUpdate
+from ipam.store.base import Allocation, Pool, PoolUpdate, Store
 from ipam.store.local import LocalStore
 from tests.nsutil import REPO
+
+
+class LocalBench:
+    """The local store: one SQLite file per run directory."""
+
+    def ipam(self, state: Path) -> dict[str, Any]:
+        return {"local_db": str(state / "ipam.db")}
+
+    def open(self, state: Path) -> Store:
+        return LocalStore(str(state / "ipam.db"))
+
+    def prefill(self, state: Path, name: str, rng: str, put: dict[str, Allocation]) -> None:
+        db = str(state / "ipam.db")
+        store = LocalStore(db)
+        store.commit_pool(Pool(name, rng), PoolUpdate(put=put))
+        store.close()
+        conn = sqlite3.connect(db)  # steady state: the prefill's write-ahead log folded into the database
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+
+    def close(self) -> None:
+        pass
+
+
+class KubeBench:
+    """The Kubernetes store through the API emulator (one per run directory), node token."""
+
+    def __init__(self) -> None:
+        from tests.kubeapi.emulator import Emulator
+
+        self.emus: dict[Path, Any] = {}
+        self.factory = Emulator
+
+    def _kubeconfig(self, state: Path) -> Path:
+        if state not in self.emus:
+            self.emus[state] = self.factory()
+            self.emus[state].kubeconfig(state / "node.kubeconfig", token="node-token")
+        return state / "node.kubeconfig"
+
+    def ipam(self, state: Path) -> dict[str, Any]:
+        return {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(self._kubeconfig(state))}}
+
+    def open(self, state: Path) -> Store:
+        from tests.kubeapi.factory import open_kube
+
+        return open_kube(self._kubeconfig(state), page=100)
+
+    def prefill(self, state: Path, name: str, rng: str, put: dict[str, Allocation]) -> None:
+        store = self.open(state)
+        store.commit_pool(Pool(name, rng), PoolUpdate(put=put))
+        store.close()
+
+    def close(self) -> None:
+        for emu in self.emus.values():
+            emu.stop()
+        self.emus.clear()
+
+
+BACKENDS: dict[str, Callable[[], Any]] = {"local": LocalBench, "kubernetes": KubeBench}
+backend: Any = LocalBench()
 
 
 def conf(state: Path, **ipam: Any) -> dict[str, Any]:
@@ -34,12 +98,7 @@ def conf(state: Path, **ipam: Any) -> dict[str, Any]:
         "cniVersion": "1.1.0",
         "name": "bench",
         "type": "macvlan",
-        "ipam": {
-            "type": "whereabouts",
-            "local_db": str(state / "ipam.db"),
-            "configuration_path": str(flat),
-            **ipam,
-        },
+        "ipam": {"type": "whereabouts", "configuration_path": str(flat), **backend.ipam(state), **ipam},
     }
 
 
@@ -90,7 +149,7 @@ def concurrent_adds(n: int) -> None:
         for t in threads:
             t.join()
         wall = time.perf_counter() - start
-        store = LocalStore(c["ipam"]["local_db"])
+        store = backend.open(Path(d))
         pool = store.get_pool("198.18.0.0-16")
         store.close()
         held = len(pool.allocations) if pool else 0
@@ -109,24 +168,19 @@ def concurrent_adds(n: int) -> None:
             print("  failure:", f)
 
 
-def prefill(db: str, name: str, rng: str, count: int) -> None:
-    store = LocalStore(db)
+def prefill(state: Path, name: str, rng: str, count: int) -> None:
     put = {
         str(o): Allocation(f"{o:064x}", f"bench/pre-{o}", "net1", f"uid-pre-{o}", "bench", "bench-node")
         for o in range(1, count + 1)
     }
-    store.commit_pool(Pool(name, rng), PoolUpdate(put=put))
-    store.close()
-    conn = sqlite3.connect(db)  # steady state: the prefill's write-ahead log folded into the database
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
+    backend.prefill(state, name, rng, put)
 
 
 def one_add(label: str, rng: str, name: str, count: int, runs: int = 5) -> None:
     with tempfile.TemporaryDirectory(prefix="pycni-bench-") as d:
         c = conf(Path(d), range=rng)
         t = time.perf_counter()
-        prefill(c["ipam"]["local_db"], name, rng, count)
+        prefill(Path(d), name, rng, count)
         fill = time.perf_counter() - t
         times = []
         for i in range(runs + 1):
@@ -172,16 +226,27 @@ def sequential(n: int) -> None:
 
 
 def main() -> int:
+    global backend
     p = argparse.ArgumentParser()
     p.add_argument("--procs", type=int, default=200)
+    p.add_argument("--store", choices=sorted(BACKENDS), action="append", help="default: every store")
     args = p.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
-    concurrent_adds(args.procs)
-    sequential(args.procs)
-    one_add("pool with 60,000 allocations (198.18.0.0/15)", "198.18.0.0/15", "198.18.0.0-15", 60_000)
-    one_add(
-        "/64 with 100,000 allocations (2001:db8:64::/64)", "2001:db8:64::/64", "2001-db8-64---64", 100_000
-    )
+    for name in args.store or list(BACKENDS):
+        print(f"== store: {name}")
+        backend = BACKENDS[name]()
+        try:
+            concurrent_adds(args.procs)
+            sequential(args.procs)
+            one_add("pool with 60,000 allocations (198.18.0.0/15)", "198.18.0.0/15", "198.18.0.0-15", 60_000)
+            one_add(
+                "/64 with 100,000 allocations (2001:db8:64::/64)",
+                "2001:db8:64::/64",
+                "2001-db8-64---64",
+                100_000,
+            )
+        finally:
+            backend.close()
     return 0
 
 
