@@ -250,3 +250,48 @@ def shared() -> Etcd:
     if _shared[0].proc is None or _shared[0].proc.poll() is not None:
         _shared[0].start()
     return _shared[0]
+
+
+# ---- the store suites' entries (tests/contract/factories.py, tests/concurrency/stores.py) --------------
+
+
+class EtcdFactory:
+    """Handles onto the shared etcd under one fresh prefix; `unreachable()` points at a closed port."""
+
+    def __init__(self, etcd: Etcd) -> None:
+        import uuid
+
+        self.etcd, self.prefix = etcd, f"/pycni/test-{uuid.uuid4().hex[:12]}/"
+
+    def open(self) -> Any:
+        from ipam.store.etcd import EtcdStore
+        from ipam.store.etcdgw import Gateway, parse_endpoints
+
+        return EtcdStore(Gateway(parse_endpoints(self.etcd.url, False)), self.prefix)
+
+    def unreachable(self) -> Any:
+        from ipam.store.etcd import EtcdStore
+        from ipam.store.etcdgw import Gateway, parse_endpoints
+
+        return EtcdStore(Gateway(parse_endpoints(f"127.0.0.1:{free_port()}", False)), self.prefix)
+
+
+def etcd_factory(tmp: Path) -> EtcdFactory:
+    return EtcdFactory(shared())
+
+
+def store_config(etcd: Etcd, tmp: Path) -> Any:
+    from ipam.config import store_config
+
+    return store_config({**etcd.ipam(), "local_db": str(tmp / "state" / "whereabouts.db")})
+
+
+@contextlib.contextmanager
+def etcd_target(tmp: Path) -> Iterator[Any]:
+    """A concurrency-suite Target on an etcd of its own (the suite stops nothing, but runs long)."""
+    from ipam.store.etcd import open_store
+    from tests.concurrency.stores import Target
+
+    with running() as etcd:
+        ipam = {**etcd.ipam(), "local_db": str(tmp / "state" / "whereabouts.db")}
+        yield Target(ipam, lambda: open_store(store_config(etcd, tmp)))

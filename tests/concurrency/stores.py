@@ -28,4 +28,13 @@ def local(tmp: Path) -> Iterator[Target]:
     yield Target({"local_db": db}, lambda: LocalStore(db))
 
 
-TARGETS: dict[str, Callable[[Path], AbstractContextManager[Target]]] = {"local": local}
+@contextlib.contextmanager
+def etcd(tmp: Path) -> Iterator[Target]:
+    """A real etcd started for the test (tests/etcdutil.py)."""
+    from tests.etcdutil import etcd_target
+
+    with etcd_target(tmp) as t:
+        yield t
+
+
+TARGETS: dict[str, Callable[[Path], AbstractContextManager[Target]]] = {"local": local, "etcd": etcd}

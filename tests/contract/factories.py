@@ -67,7 +67,16 @@ def local(tmp: Path) -> Iterator[Factory]:
     yield _Local(tmp)
 
 
+@contextlib.contextmanager
+def etcd(tmp: Path) -> Iterator[Factory]:
+    """A real etcd (tests/etcdutil.py), one per test process; each test under its own key prefix."""
+    from tests.etcdutil import etcd_factory
+
+    yield etcd_factory(tmp)
+
+
 FACTORIES: dict[str, Callable[[Path], AbstractContextManager[Factory]]] = {
     "memory": memory,
     "local": local,
+    "etcd": etcd,
 }
