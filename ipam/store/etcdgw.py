@@ -91,11 +91,13 @@ def tls_context(ca_file: str, cert_file: str, key_file: str) -> ssl.SSLContext:
         raise ConfigError(f"{missing}: required with {'etcd_cert_file' if cert_file else 'etcd_key_file'}")
     try:
         ctx = ssl.create_default_context(cafile=ca_file or None)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"ipam.etcd_ca_cert_file: cannot load {ca_file}: {_describe(e)}") from None
+    try:
         if cert_file:
             ctx.load_cert_chain(cert_file, key_file)
     except (OSError, ssl.SSLError) as e:
-        which = "ipam.etcd_ca_cert_file" if ca_file and "verify" not in str(e) else "ipam.etcd_cert_file"
-        raise ConfigError(f"{which}: cannot load TLS files: {getattr(e, 'strerror', None) or e}") from None
+        raise ConfigError(f"ipam.etcd_cert_file: cannot load it with its key: {_describe(e)}") from None
     return ctx
 
 
@@ -302,6 +304,8 @@ class Gateway:
 def _describe(e: BaseException) -> str:
     if isinstance(e, TimeoutError):
         return "timed out"
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return f"TLS: certificate verify failed: {e.verify_message}"
     if isinstance(e, ssl.SSLError):
         return f"TLS: {e.reason or e}"
     if isinstance(e, OSError) and e.strerror:
