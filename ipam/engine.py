@@ -23,6 +23,7 @@ from ipam.ranges import IPRange
 from ipam.retry import Again, Retry, retrying
 from ipam.store.base import (
     Allocation,
+    Conflict,
     Pool,
     PoolUpdate,
     PoolView,
@@ -31,11 +32,14 @@ from ipam.store.base import (
 )
 from ipam.store.names import pool_name, reservation_name
 
+SPREAD = 64  # widest window of free candidates a call picks from after losing races for them
+
 
 @dataclass
 class _Claims:
     blocked: set[int] = field(default_factory=set)
     created: dict[str, str] = field(default_factory=dict)  # reservations made by this call: name -> version
+    lost: int = 0  # candidates another writer claimed first
 
 
 class Engine:
@@ -112,6 +116,8 @@ class Engine:
     def _add_once(self, rng: IPRange, owner: Allocation, claims: _Claims) -> int:
         view = self._view(rng)
         decision = allocator.allocate(rng, view, owner, frozenset(claims.blocked))
+        if decision.kind == "new" and claims.lost > 1:
+            decision = self._spread(rng, view, owner, claims, decision)
         if self.conf.overlapping:
             self._claim(rng, decision, owner, claims)
         if decision.update:
@@ -126,11 +132,33 @@ class Engine:
         )
         return decision.offset
 
+    def _spread(
+        self, rng: IPRange, view: PoolView, owner: Allocation, claims: _Claims, decision: allocator.Decision
+    ) -> allocator.Decision:
+        """After two lost races, a random one of the lowest free candidates (a window doubling per loss,
+        up to SPREAD) instead of the lowest: many writers starting together stop queueing for the same
+        address one by one. (One loss is normal: an overlapping range's pool holds the address.)
+        Only on stores without exclusive() (those serialise writers instead)."""
+        if getattr(self.store, "exclusive", None) is not None:
+            return decision
+        blocked = set(claims.blocked)
+        for _ in range(int(self.retry.rand() * min(SPREAD, 2 ** (claims.lost - 1)))):
+            blocked.add(decision.offset)
+            offset = view.lowest_free(allocator.segments_as_offsets(rng), blocked)
+            if offset is None:
+                break
+            decision = allocator.Decision(offset, "new", PoolUpdate(put={str(offset): owner}))
+        return decision
+
     def _claim(self, rng: IPRange, decision: allocator.Decision, owner: Allocation, claims: _Claims) -> None:
         name = self.reservation_name(rng, decision.offset)
         res = self.store.get_reservation(name)
         if res is None:
-            claims.created[name] = self.store.put_reservation(Reservation(name, owner))
+            try:
+                claims.created[name] = self.store.put_reservation(Reservation(name, owner))
+            except Conflict:
+                claims.lost += 1
+                raise
         elif res.owner.same_attachment(owner):
             return
         elif res.owner.same_pod_interface(owner) or _legacy_same_pod(res.owner, owner):
@@ -139,6 +167,7 @@ class Engine:
                 claims.created[name] = version
         elif decision.kind == "new":
             claims.blocked.add(decision.offset)
+            claims.lost += 1
             raise Again()
         else:
             log.error(
