@@ -27,6 +27,7 @@ LAZY_MODULES: tuple[str, ...] = (
     "cni.sriov.settings",
     "cni.sriov.fakevf",  # the recording VF seam tests select with PYCNI_SRIOV_FAKE_PF
     "ipam.store.local",  # stores are picked by name in ipam.store.select
+    "ipam.store.etcd",
 )
 
 
