@@ -36,6 +36,7 @@ CONNECT_TIMEOUT = 2.0
 REQUEST_TIMEOUT = 10.0  # one read; writing a pool of 60,000 allocations (~10 MB) takes well under it
 DEFAULT_PORT = 2379
 UNAUTHENTICATED = 16  # gRPC code of "etcdserver: invalid auth token"
+UNAVAILABLE = 14  # gRPC code of "etcdserver: no leader", "... request timed out" and the like
 AUTH_NOT_ENABLED = "authentication is not enabled"
 
 
@@ -225,12 +226,15 @@ class Gateway:
             ep = self.endpoints[self._current]
             try:
                 status, answer = self._send(ep, method, data, headers)
+                return _decode(ep, method, status, answer)
             except (OSError, http.client.HTTPException) as e:
-                self.close()
                 errors.append(f"{ep}: {_describe(e)}")
-                self._current = (self._current + 1) % len(self.endpoints)
-                continue
-            return _decode(ep, method, status, answer)
+            except Rejected as e:
+                if e.code != UNAVAILABLE:  # no leader, leader changed, request timed out: ask another
+                    raise
+                errors.append(f"{ep}: {e.message}")
+            self.close()
+            self._current = (self._current + 1) % len(self.endpoints)
         raise StoreUnavailable(f"etcd unreachable ({'; '.join(errors)})")
 
     def _send(self, ep: Endpoint, method: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
