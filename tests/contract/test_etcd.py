@@ -274,6 +274,17 @@ def _timed(calls: list[tuple[dict[str, str], dict[str, Any]]]) -> tuple[list[tup
     return out, time.monotonic() - t
 
 
+def kill_when_allocated(etcd: Etcd, pool: bytes, n: int) -> None:
+    """SIGKILL etcd as soon as the pool holds n allocations: surely mid-run, whatever the machine's speed."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        value = etcd.keys(b"/pycni/whereabouts/ippools/" + pool).get(b"/pycni/whereabouts/ippools/" + pool)
+        if value and len(jsonio.loads(value)["spec"]["allocations"]) >= n:
+            break
+        time.sleep(0.02)
+    etcd.kill()
+
+
 def test_etcd_killed_mid_storm_then_recovers(tmp_path: Path) -> None:
     """40 ADDs in flight when etcd is SIGKILLed: each ends with its address or code 11 within BOUND.
     After restart the runtime's DEL + ADD for the failures and a GC leave the store consistent, and
@@ -283,7 +294,7 @@ def test_etcd_killed_mid_storm_then_recovers(tmp_path: Path) -> None:
     with etcdutil.running(on_disk=True) as etcd:
         conf = conf_for(etcd, tmp_path, range="198.18.0.0/24")
         atts = [Att(f"{i:04d}" + "k" * 60, "net1", f"ns/kill-{i}") for i in range(40)]
-        killer = threading.Timer(1.5, etcd.kill)
+        killer = threading.Thread(target=kill_when_allocated, args=(etcd, b"198.18.0.0-24", 5))
         killer.start()
         results, took = _timed([(a.env("ADD"), conf) for a in atts])
         killer.join()
@@ -295,6 +306,12 @@ def test_etcd_killed_mid_storm_then_recovers(tmp_path: Path) -> None:
         assert rc == 1 and out["code"] == Code.TRY_AGAIN_LATER and took < BOUND  # DEL never silent
         etcd.start()
         ok = {a: ips(out) for a, (rc, out, _) in zip(atts, results, strict=True) if rc == 0}
+        store = store_of(etcd, tmp_path)
+        problems, owners = check(store, [conf])  # right after the crash: whole objects, nothing twice
+        store.close()
+        failed = {a.cid for a in down}
+        assert all("has no allocation" in p and any(c in p for c in failed) for p in problems), problems
+        assert all(owners[("etcdnet", a.cid, a.ifname)] == got for a, got in ok.items())
         results = spawn_all([(a.env("DEL"), conf) for a in down])  # the runtime cleans up failed ADDs
         assert all(rc == 0 for rc, _, _ in results), results
         results = spawn_all([(a.env("ADD"), conf) for a in atts])
