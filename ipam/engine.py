@@ -40,6 +40,7 @@ class _Claims:
     blocked: set[int] = field(default_factory=set)
     created: dict[str, str] = field(default_factory=dict)  # reservations made by this call: name -> version
     lost: int = 0  # candidates another writer claimed first
+    held: int | None = None  # the offset whose reservation this call created last
 
 
 class Engine:
@@ -116,8 +117,8 @@ class Engine:
     def _add_once(self, rng: IPRange, owner: Allocation, claims: _Claims) -> int:
         view = self._view(rng)
         decision = allocator.allocate(rng, view, owner, frozenset(claims.blocked))
-        if decision.kind == "new" and claims.lost > 1:
-            decision = self._spread(rng, view, owner, claims, decision)
+        if decision.kind == "new":
+            decision = self._pick(rng, view, owner, claims, decision)
         if self.conf.overlapping:
             self._claim(rng, decision, owner, claims)
         if decision.update:
@@ -131,6 +132,18 @@ class Engine:
             view.name,
         )
         return decision.offset
+
+    def _pick(
+        self, rng: IPRange, view: PoolView, owner: Allocation, claims: _Claims, decision: allocator.Decision
+    ) -> allocator.Decision:
+        """A new address: the one this call already reserved while the pool still has it free (after a
+        lost pool commit the call must not hop elsewhere and leave its reservation in everyone's way);
+        else the lowest, or after lost races a spread pick."""
+        held = claims.held
+        free = held is not None and view.lowest_free([(held, held)], claims.blocked) == held
+        if held is not None and held != decision.offset and free:
+            return allocator.Decision(held, "new", PoolUpdate(put={str(held): owner}))
+        return self._spread(rng, view, owner, claims, decision) if claims.lost > 1 else decision
 
     def _spread(
         self, rng: IPRange, view: PoolView, owner: Allocation, claims: _Claims, decision: allocator.Decision
@@ -156,6 +169,7 @@ class Engine:
         if res is None:
             try:
                 claims.created[name] = self.store.put_reservation(Reservation(name, owner))
+                claims.held = decision.offset
             except Conflict:
                 claims.lost += 1
                 raise
