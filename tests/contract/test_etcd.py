@@ -301,6 +301,7 @@ def test_etcd_killed_mid_storm_then_recovers(tmp_path: Path) -> None:
         codes = [0 if rc == 0 else out["code"] for rc, out, _ in results]
         assert set(codes) <= {0, Code.TRY_AGAIN_LATER}, results
         assert codes.count(Code.TRY_AGAIN_LATER) > 0 and took < BOUND, (codes, took)
+        print(f"etcd killed: {codes.count(0)} ADDs done, {len(codes) - codes.count(0)} code 11, {took:.1f} s")
         down = [a for a, c in zip(atts, codes, strict=True) if c]
         [(rc, out, _)], took = _timed([(atts[0].env("DEL"), conf)])
         assert rc == 1 and out["code"] == Code.TRY_AGAIN_LATER and took < BOUND  # DEL never silent
@@ -341,6 +342,7 @@ def test_etcd_hung_is_try_again_within_a_bound(tmp_path: Path) -> None:
             etcd.proc.send_signal(signal.SIGCONT)
         assert rc == 1 and out["code"] == Code.TRY_AGAIN_LATER and "timed out" in out["msg"], out
         assert took < BOUND
+        print(f"etcd hung: code 11 after {took:.1f} s")
         [(rc, out, _)] = spawn_all([(att.env("ADD"), conf)])
         assert rc == 0, out
         [(rc, _, _)] = spawn_all([(att.env("DEL"), conf)])
