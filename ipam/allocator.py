@@ -86,8 +86,13 @@ class SnapshotView:
     def lowest_free(self, segments: Sequence[Segment], blocked: Set[int]) -> int | None:
         if self._taken is None:
             self._taken = offsets(self.pool.allocations)
-        taken = sorted(set(self._taken) | set(blocked)) if blocked else self._taken
-        return lowest_free(segments, taken)
+        # skip blocked candidates one by one (few) instead of merging them into `taken` (large)
+        segs = list(segments)
+        while True:
+            candidate = lowest_free(segs, self._taken)
+            if candidate is None or candidate not in blocked:
+                return candidate
+            segs = [(max(lo, candidate + 1), hi) for lo, hi in segs if hi > candidate]
 
 
 def _numeric(item: tuple[str, Allocation]) -> tuple[int, str]:

@@ -34,7 +34,17 @@ def kubernetes(tmp: Path) -> AbstractContextManager[Target]:
     return concurrency_target(tmp)
 
 
+@contextlib.contextmanager
+def etcd(tmp: Path) -> Iterator[Target]:
+    """A real etcd started for the test (tests/etcdutil.py)."""
+    from tests.etcdutil import etcd_target
+
+    with etcd_target(tmp) as t:
+        yield t
+
+
 TARGETS: dict[str, Callable[[Path], AbstractContextManager[Target]]] = {
     "local": local,
     "kubernetes": kubernetes,
+    "etcd": etcd,
 }

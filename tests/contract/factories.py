@@ -68,8 +68,17 @@ def local(tmp: Path) -> Iterator[Factory]:
     yield _Local(tmp)
 
 
+@contextlib.contextmanager
+def etcd(tmp: Path) -> Iterator[Factory]:
+    """A real etcd (tests/etcdutil.py), one per test process; each test under its own key prefix."""
+    from tests.etcdutil import etcd_factory
+
+    yield etcd_factory(tmp)
+
+
 FACTORIES: dict[str, Callable[[Path], AbstractContextManager[Factory]]] = {
     "memory": memory,
     "local": local,
     **KUBE_FACTORIES,  # "kubernetes" (the emulator) and "kubernetes-real" (PYCNI_TEST_KUBECONFIG)
+    "etcd": etcd,
 }

@@ -1,0 +1,68 @@
+"""Engine: after lost races a call picks among the lowest free candidates at random (ipam.engine._spread),
+so hundreds of writers starting together on a cluster store do not queue for one address at a time."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from ipam.config import from_dict
+from ipam.engine import SPREAD, Engine
+from ipam.retry import Retry
+from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation
+from ipam.store.memory import MemoryStore
+
+A = Allocation("ca", "ns/a", "net1", "uid-a", "netA", "node1")
+
+
+class Exclusive(MemoryStore):
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        yield
+
+
+def add_with_claims_in_flight(store: MemoryStore, held: int, rand: float, *more: float) -> str:
+    """`held` lowest addresses claimed by other writers that have not committed their pool yet."""
+    for i in range(1, held + 1):
+        store.put_reservation(Reservation(f"198.51.100.{i}", Allocation(f"other{i}", f"ns/o{i}", "net1")))
+    rands = iter([rand, *more])
+    engine = Engine(store, from_dict({"range": "198.51.100.0/24"}), Retry(rand=lambda: next(rands, rand)))
+    [(rng, offset)] = engine.add(A)
+    return str(rng.address(offset))
+
+
+def test_one_lost_race_still_takes_the_lowest() -> None:
+    assert add_with_claims_in_flight(MemoryStore(), 1, 0.99) == "198.51.100.2"
+
+
+def test_two_lost_races_spread_over_a_window_that_doubles() -> None:
+    assert add_with_claims_in_flight(MemoryStore(), 2, 0.0) == "198.51.100.3"  # the window's first
+    assert add_with_claims_in_flight(MemoryStore(), 2, 0.99) == "198.51.100.4"  # window 2 after 2 losses
+    last = int(add_with_claims_in_flight(MemoryStore(), 100, 0.99).rsplit(".", 1)[1])
+    assert 101 <= last <= 100 + SPREAD  # past the claims, never further than the widest window
+
+
+def test_stores_that_serialise_writers_never_spread() -> None:
+    assert add_with_claims_in_flight(Exclusive(), 3, 0.99) == "198.51.100.4"
+
+
+class LosesFirstCommit(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.commits = 0
+
+    def commit_pool(self, pool: Pool, update: PoolUpdate) -> str:
+        self.commits += 1
+        if self.commits == 1:
+            raise Conflict("another writer committed the pool first")
+        return super().commit_pool(pool, update)
+
+
+def test_a_lost_pool_commit_keeps_the_address_this_call_reserved() -> None:
+    """Spread to .4 (skipping .3), lose the pool commit: the retry stays on .4 (its reservation) instead
+    of hopping to .3 and leaving a stray reservation in other writers' way."""
+    store = LosesFirstCommit()
+    assert add_with_claims_in_flight(store, 2, 0.99, 0.0, 0.0) == "198.51.100.4"  # 0.0: would pick .3
+    assert store.commits == 2
+    names = sorted(r.name for r in store.iter_reservations())
+    assert names == ["198.51.100.1", "198.51.100.2", "198.51.100.4"]
