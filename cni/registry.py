@@ -27,12 +27,9 @@ LAZY_MODULES: tuple[str, ...] = (
     "cni.sriov.settings",
     "cni.sriov.fakevf",  # the recording VF seam tests select with PYCNI_SRIOV_FAKE_PF
     "ipam.store.local",  # stores are picked by name in ipam.store.select
-<<<<<<< HEAD
     "ipam.store.kube",
     "ipam.kubepods",  # the reconciler's `--pods kubernetes` (ipam.podsource)
-=======
     "ipam.store.etcd",
->>>>>>> etcd
 )
 
 
