@@ -112,7 +112,7 @@ class Reader:
 
     def read(self) -> tuple[bytes, bytes]:
         """The next (kind, payload). Closed at a clean end of stream, ProtocolError otherwise."""
-        while len(self.buf) < _HEAD.size + 1 or len(self.buf) < _HEAD.size + self._length():
+        while len(self.buf) < _HEAD.size or len(self.buf) < _HEAD.size + self._length():
             if not self._fill():
                 if self.buf:
                     raise ProtocolError("connection closed mid-frame")
