@@ -5,6 +5,7 @@ in-process) and lets the requests in flight finish."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import signal
 import sys
 from typing import Any
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     def stop(*_: Any) -> None:
         agent.stop()
 
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     agent.serve(args.grace)
