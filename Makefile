@@ -41,10 +41,12 @@ unit: venv
 e2e: deps venv driver
 	$(VENV)/bin/pytest -q tests/e2e
 
-# Two passes: everything from source, then the integration and e2e suites against the frozen entries.
+# Three passes: everything from source, then the integration and e2e suites against the frozen entries,
+# once in-process (no agent) and once through the frozen node-local agent (PYCNI_TEST_AGENT=1).
 test: deps venv driver lint bundle
 	$(VENV)/bin/pytest -q tests
 	PYCNI_PLUGIN_DIR=$(CURDIR)/dist/cni-bin $(VENV)/bin/pytest -q tests/integration tests/e2e
+	PYCNI_PLUGIN_DIR=$(CURDIR)/dist/cni-bin PYCNI_TEST_AGENT=1 $(VENV)/bin/pytest -q tests/integration tests/e2e
 
 demo: deps venv
 	$(PY) -m tests.demo
