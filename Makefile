@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv deps lint typecheck unit e2e test demo bench bench-bundle driver bundle clean
+.PHONY: all venv deps lint typecheck unit e2e test demo bench bench-bundle bench-warm driver bundle clean
 all: venv
 
 $(STAMP): pyproject.toml
@@ -58,6 +58,10 @@ bench: deps venv driver
 bench-bundle: deps venv driver bundle
 	$(PY) -m bundler.build --empty
 	$(PY) -m tests.bench.bundle
+
+# ADD+DEL and a 16-attachment pod: Debian's Go plugins, pycni standalone, pycni through the agent.
+bench-warm: deps venv driver bundle
+	$(PY) -m tests.bench.warm $(if $(N),-n $(N))
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
