@@ -6,7 +6,10 @@ from __future__ import annotations
 import io
 import os
 import sys
-from typing import IO, Any
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the shim path does not import typing
+if TYPE_CHECKING:
+    from typing import IO, Any
 
 BUILD_FILE = "pycni-build-id"
 

@@ -12,10 +12,14 @@ Settings (environment): PYCNI_AGENT=off disables the agent; PYCNI_AGENT_SOCKET n
 
 from __future__ import annotations
 
+import _socket as socket  # see cni.agent.proto
 import os
-import socket
 
 from cni.agent import proto
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs the shim milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 DEFAULT_SOCKET = "/run/pycni/agent.sock"
 SOCKET_ENV, SWITCH_ENV = "PYCNI_AGENT_SOCKET", "PYCNI_AGENT"
@@ -23,7 +27,7 @@ CONNECT_TIMEOUT = 0.25  # a live agent accepts at once; a full backlog means "bu
 READY_TIMEOUT = 2.0  # from the request sent to READY/REFUSED (the agent answers before executing)
 
 
-def socket_path(env: os._Environ[str] | dict[str, str]) -> str | None:
+def socket_path(env: Mapping[str, str]) -> str | None:
     if env.get(SWITCH_ENV, "").lower() in ("off", "0", "false", "no"):
         return None
     return env.get(SOCKET_ENV) or DEFAULT_SOCKET
