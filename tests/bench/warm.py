@@ -118,6 +118,28 @@ def pod16(driver: libcni.Driver, topo: Topology) -> Callable[[Side], float]:
     return run
 
 
+def process_floor(agent_sock: Path) -> None:
+    """One process per call, nothing else: where the per-call floor is (tests.bench.bundle's timer)."""
+    from tests.bench.bundle import DIST, fmt, run, timed
+
+    python = os.path.realpath(sys.executable)
+    version = {"CNI_COMMAND": "VERSION", "PATH": os.environ["PATH"]}
+    cmds: dict[str, Callable[[], object]] = {
+        "Go macvlan VERSION": lambda: run([f"{libcni.REFERENCE_DIR}/macvlan"], version),
+        "pycni VERSION, in-process": lambda: run([str(BUNDLE / "macvlan")],
+                                                 {**version, "PYCNI_AGENT": "off"}),
+        "pycni VERSION, via agent": lambda: run([str(BUNDLE / "macvlan")],
+                                                {**version, "PYCNI_AGENT_SOCKET": str(agent_sock)}),
+        "python3.12 -I -c pass": lambda: run([python, "-I", "-c", "pass"]),
+    }
+    empty = DIST / "empty-bundle" / "empty" / "empty"
+    if empty.exists():
+        cmds["empty frozen program"] = lambda: run([str(empty)])
+    print("\nOne process per call, median [p95] (new process each time):")
+    for name, xs in timed(cmds).items():
+        print(f"  {name:28s} {fmt(xs)}")
+
+
 def report(title: str, med: dict[str, float], unit_note: str) -> None:
     print(f"\n{title}")
     go = med["Go"]
@@ -168,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                        f"median of {args.pods} pods",
                        {k: statistics.median(v) for k, v in pods.items()},
                        "wall time of 16 `cnidriver add` processes (driver start-up included on every side)")
+                process_floor(agent.sock)
                 served = agent.served("macvlan")
-                expected = 2 * (args.cycles + 1) + 2 * ATTACHMENTS * (args.pods + 1)
+                expected = 2 * (args.cycles + 1) + 2 * ATTACHMENTS * (args.pods + 1) + 31  # + VERSIONs
                 print(f"\nagent served {len(served)} macvlan calls "
                       f"(expected {expected} if none fell back in-process)")
                 print("load average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
