@@ -21,9 +21,9 @@ running it a second time (cni.agent.client)."""
 from __future__ import annotations
 
 # _socket, not socket: socket.py imports selectors and builds its enums at import (~1-2 ms per call on
-# the shim path); the C module has everything used here.
+# the shim path); the C module has everything used here. struct, not array, for descriptor lists: array
+# registers with collections.abc, which imports collections (~2 ms).
 import _socket as socket
-import array
 import os
 import struct
 
@@ -54,7 +54,7 @@ def frame(kind: bytes, payload: bytes = b"") -> bytes:
 def send(sock: socket.socket, kind: bytes, payload: bytes = b"", fds: tuple[int, ...] = ()) -> None:
     data = frame(kind, payload)
     if fds:
-        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
         sent = sock.sendmsg([data], rights)
         data = data[sent:]
     if data:
@@ -104,8 +104,8 @@ class Reader:
         data, ancdata, flags, _ = self.sock.recvmsg(1 << 16, space)
         for level, typ, cdata in ancdata:
             if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-                usable = len(cdata) - len(cdata) % 4
-                self.fds.extend(array.array("i", cdata[:usable]))
+                count = len(cdata) // 4
+                self.fds.extend(struct.unpack(f"{count}i", cdata[: count * 4]))
         if flags & socket.MSG_CTRUNC:
             raise ProtocolError("too many file descriptors")
         self.buf += data

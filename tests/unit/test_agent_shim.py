@@ -18,6 +18,8 @@ from tests.nsutil import REPO
 from tests.unit.test_import_cost import modules
 
 SHIM_MODULES = {"cni", "cni.registry", "cni.agent", "cni.agent.client", "cni.agent.proto"}
+SLOW_STDLIB = ("typing", "socket", "selectors", "array", "collections", "enum", "contextlib", "dataclasses",
+               "subprocess", "logging", "json")
 ADD = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/run/netns/none", "CNI_IFNAME": "net1",
        "CNI_PATH": "/usr/lib/cni"}
 CONF = {"cniVersion": "0.4.0", "name": "n", "type": "macvlan", "master": "none", "ipam": {"type": "x"}}
@@ -51,6 +53,8 @@ def test_served_call_imports_only_stdlib_orjson_and_the_shim(tmp_path: Path) -> 
     assert ours == SHIM_MODULES
     foreign = [m for m in after_startup if m.split(".")[0] not in (*sys.stdlib_module_names, "cni")]
     assert foreign == []  # not even orjson: it is only needed for the rare code-11 answer
+    # and none of the stdlib modules that cost milliseconds on every call (measured: bundler/README.md)
+    assert [m for m in after_startup if m in SLOW_STDLIB] == [], after_startup
 
 
 def test_agent_lost_after_go_answers_code_11_and_does_not_run_in_process(tmp_path: Path) -> None:
