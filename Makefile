@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv deps lint typecheck unit e2e test demo bench bench-bundle driver bundle clean
+.PHONY: all venv deps lint typecheck unit e2e test demo bench bench-bundle bench-warm driver bundle clean
 all: venv
 
 $(STAMP): pyproject.toml
@@ -41,10 +41,12 @@ unit: venv
 e2e: deps venv driver
 	$(VENV)/bin/pytest -q tests/e2e
 
-# Two passes: everything from source, then the integration and e2e suites against the frozen entries.
+# Three passes: everything from source, then the integration and e2e suites against the frozen entries,
+# once in-process (no agent) and once through the frozen node-local agent (PYCNI_TEST_AGENT=1).
 test: deps venv driver lint bundle
 	$(VENV)/bin/pytest -q tests
 	PYCNI_PLUGIN_DIR=$(CURDIR)/dist/cni-bin $(VENV)/bin/pytest -q tests/integration tests/e2e
+	PYCNI_PLUGIN_DIR=$(CURDIR)/dist/cni-bin PYCNI_TEST_AGENT=1 $(VENV)/bin/pytest -q tests/integration tests/e2e
 
 demo: deps venv
 	$(PY) -m tests.demo
@@ -56,6 +58,10 @@ bench: deps venv driver
 bench-bundle: deps venv driver bundle
 	$(PY) -m bundler.build --empty
 	$(PY) -m tests.bench.bundle
+
+# ADD+DEL and a 16-attachment pod: Debian's Go plugins, pycni standalone, pycni through the agent.
+bench-warm: deps venv driver bundle
+	$(PY) -m tests.bench.warm $(if $(N),-n $(N))
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

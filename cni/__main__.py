@@ -3,9 +3,13 @@ or the first argument (`python -m cni macvlan`). Tools of the bundle (the instal
 
 from __future__ import annotations
 
+import io
 import os
 import sys
-from typing import Any
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the shim path does not import typing
+if TYPE_CHECKING:
+    from typing import IO, Any
 
 BUILD_FILE = "pycni-build-id"
 
@@ -44,13 +48,41 @@ def main(argv: list[str] | None = None) -> int:
         rest = rest[1:]
     if name in TOOLS and not (rest == [] and os.environ.get("CNI_COMMAND") == "VERSION"):
         return _tool(name, rest)
-    from cni.skel import run
-
-    about = "" if os.environ.get("CNI_COMMAND") else f"pycni {name} {build_id()}"
+    stdin: IO[bytes] = sys.stdin.buffer
     try:
-        return run(name, os.environ, sys.stdin.buffer, sys.stdout.buffer, about)
+        if os.environ.get("CNI_COMMAND") and name not in TOOLS:
+            served, stdin = _via_agent(name, stdin)
+            if served is not None:
+                return served
+        from cni.skel import run
+
+        about = "" if os.environ.get("CNI_COMMAND") else f"pycni {name} {build_id()}"
+        return run(name, os.environ, stdin, sys.stdout.buffer, about)
     finally:
         sys.stdout.flush()
+
+
+def _via_agent(name: str, stdin: IO[bytes]) -> tuple[int | None, IO[bytes]]:
+    """Hand the call to the node-local agent (cni.agent). (exit code, _) when it answered; (None, the
+    stdin to run in-process with) when it did not take the request."""
+    from cni.agent import client
+
+    path = client.socket_path(os.environ)
+    if path is None:
+        return None, stdin
+    try:
+        data = stdin.read()
+    except OSError:
+        return None, stdin  # in-process reports it (code 5) exactly as always
+    bundle = sys.executable if getattr(sys, "frozen", False) else ""
+    try:
+        rc, out = client.exchange(path, name, build_id(), bundle, data)
+    except client.Unreachable:
+        return None, io.BytesIO(data)
+    except client.Lost as e:
+        rc, out = 1, client.lost_error(data, str(e))
+    sys.stdout.buffer.write(out)
+    return rc, stdin
 
 
 if __name__ == "__main__":

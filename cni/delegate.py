@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +18,11 @@ from cni.types.netconf import Request
 from cni.types.result import Result, parse
 
 ETXTBSY_TRIES = 5
+# The frozen bundle this request came through (None: from source). In a plugin process that is
+# sys.executable; the agent sets the calling shim's own executable for each request.
+CALLER_BUNDLE: ContextVar[str | None] = ContextVar(
+    "pycni_caller_bundle", default=sys.executable if getattr(sys, "frozen", False) else None
+)
 
 
 def find(kind: str, path: tuple[str, ...]) -> str:
@@ -38,9 +44,10 @@ def _in_process_module(kind: str, binary: str) -> str | None:
     from cni.registry import IN_PROCESS_IPAM
 
     module = IN_PROCESS_IPAM.get(kind)
-    if module is None or not getattr(sys, "frozen", False):
+    bundle = CALLER_BUNDLE.get()
+    if module is None or bundle is None:
         return None
-    return module if os.path.realpath(binary) == os.path.realpath(sys.executable) else None
+    return module if os.path.realpath(binary) == os.path.realpath(bundle) else None
 
 
 def _exec(binary: str, req: Request, command: str) -> bytes:
@@ -55,7 +62,7 @@ def _exec(binary: str, req: Request, command: str) -> bytes:
                 raise CniError(f"exec {binary}: {e.strerror}") from None
             time.sleep(0.2 * (attempt + 1))
     if proc.stderr:
-        sys.stderr.buffer.write(proc.stderr)
+        log.raw(proc.stderr)
     if proc.returncode != 0:
         raise _delegate_error(binary, proc.stdout, proc.stderr)
     return proc.stdout

@@ -17,6 +17,7 @@ IN_PROCESS_IPAM: dict[str, str] = {"whereabouts": "ipam.plugin"}
 TOOLS: dict[str, str] = {
     "pycni-install": "bundler.install",
     "pycni-ipam": "ipam.cli",
+    "pycni-agent": "cni.agent.main",
 }
 
 # Modules imported lazily on some path (not visible to PyInstaller's import scan).

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from typing import IO, Any
 
-from cni import log, spec
+from cni import faults, log, spec
 from cni.errors import CniError, Code, ConfigError, DecodeError, EnvError
 from cni.types import fields as f
 from cni.types.args import CniArgs
@@ -73,7 +73,7 @@ def check_not_own_netns(netns: str, env: Mapping[str, str]) -> None:
     if not netns or env.get("CNI_NETNS_OVERRIDE", "").lower() in ("1", "true"):
         return
     try:
-        target, own = os.stat(netns), os.stat("/proc/self/ns/net")
+        target, own = os.stat(netns), os.stat("/proc/thread-self/ns/net")
     except OSError:
         return  # missing or unreadable: the plugin reports it in context
     if (target.st_dev, target.st_ino) == (own.st_dev, own.st_ino):
@@ -177,6 +177,7 @@ def run(plugin: str, env: Mapping[str, str], stdin: IO[bytes], stdout: IO[bytes]
         os.write(2, f"{text}\nCNI protocol versions supported: {', '.join(spec.SUPPORTED)}\n".encode())
         return 0
     version = spec.LATEST
+    faults.use(env)
     try:
         if command == "VERSION":
             stdout.write(version_text())

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import nsutil
+from cni.agent.client import SOCKET_ENV
+from tests import agentutil, nsutil
 
 ROOT_REASON = "needs root: creates network namespaces and links"
 
@@ -41,3 +42,28 @@ def _no_leftovers() -> Iterator[None]:
         left = nsutil.leftovers()
         nsutil.cleanup_run()
         assert not left, f"tests left behind namespaces/links: {left}"
+
+
+_SERVED: list[str] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """PYCNI_TEST_AGENT=1 (root): one agent for the session, and every plugin call goes through it; it
+    must have served requests by the end. Otherwise the shims look for a socket that does not exist
+    (never a node's real agent), so every call runs in-process after a failed connect."""
+    where = tmp_path_factory.mktemp("agent")
+    os.environ[SOCKET_ENV] = str(where / "agent.sock")
+    if not (agentutil.agent_up() and nsutil.is_root()):
+        yield
+        return
+    agent = agentutil.Supervised(where / "agent.sock", where / "agent.log").start()
+    yield
+    agent.stop()
+    _SERVED.extend(agent.served())
+    assert _SERVED, f"PYCNI_TEST_AGENT=1 but the agent served no request (log: {agent.log})"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _SERVED:
+        terminalreporter.write_line(f"pycni agent: served {len(_SERVED)} requests")

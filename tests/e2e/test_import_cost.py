@@ -17,7 +17,8 @@ def test_add_and_del_keep_the_pyroute2_package_off(topo: Topology, tmp_path: Pat
     conf = {"cniVersion": "1.0.0", "name": "imports", "type": "macvlan", "master": topo.uplink,
             "ipam": {"type": "host-local", "dataDir": str(tmp_path / "hl"),
                      "ranges": [[{"subnet": "198.51.100.0/24"}]]}}
-    env = {"CNI_CONTAINERID": "c1", "CNI_NETNS": pod, "CNI_IFNAME": "net1", "CNI_PATH": libcni.REFERENCE_DIR}
+    env = {"CNI_CONTAINERID": "c1", "CNI_NETNS": pod, "CNI_IFNAME": "net1", "CNI_PATH": libcni.REFERENCE_DIR,
+           "PYCNI_AGENT": "off"}  # the in-process path (the shim's own: tests/unit/test_agent_shim.py)
     for command in ("ADD", "DEL"):
         prof = importprof.profile_call(topo.host, entry, {**env, "CNI_COMMAND": command}, conf)
         assert prof.rc == 0, prof.stdout

@@ -15,11 +15,11 @@ from tests.unit.helpers import FAKE, FakePlugin
 
 @pytest.fixture(autouse=True)
 def _reset_log() -> Iterator[None]:
-    saved = (log._State.level, log._State.fds, log._State.tag, log._State.file)
+    saved = log._STATE.get()
     yield
-    opened = log._State.file
-    log._State.level, log._State.fds, log._State.tag, log._State.file = saved
-    if opened is not None and opened != saved[3]:
+    opened = log._STATE.get().file
+    log._STATE.set(saved)
+    if opened is not None and opened != saved.file:
         os.close(opened[1])
 
 

@@ -236,12 +236,14 @@ def test_in_process_when_the_binary_is_this_bundle(tmp_path: Path, monkeypatch: 
     mod.add = add  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
     monkeypatch.setitem(IN_PROCESS_IPAM, "ouripam", mod.__name__)
-    monkeypatch.setattr(sys, "frozen", True, raising=False)
-    monkeypatch.setattr(sys, "executable", str(binary))
-    req = request((str(tmp_path),), ipam_type="ouripam", version="0.4.0")
-    assert delegate.add(req) == models.ipam_only()
-    assert [c.command for c in calls] == ["ADD"]
-    assert delegate.call(req, "DEL") == b""  # no delete function: success, as in skel
+    token = delegate.CALLER_BUNDLE.set(str(binary))  # what a frozen process (or the agent) sets
+    try:
+        req = request((str(tmp_path),), ipam_type="ouripam", version="0.4.0")
+        assert delegate.add(req) == models.ipam_only()
+        assert [c.command for c in calls] == ["ADD"]
+        assert delegate.call(req, "DEL") == b""  # no delete function: success, as in skel
+    finally:
+        delegate.CALLER_BUNDLE.reset(token)
 
 
 def test_not_in_process_when_not_frozen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

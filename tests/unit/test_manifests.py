@@ -5,6 +5,7 @@ upstream ones, and the Dockerfile and every command agree with the bundle layout
 from __future__ import annotations
 
 import copy
+import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -108,9 +109,33 @@ def test_daemonset_runs_everywhere_with_limits() -> None:
     assert c["securityContext"]["privileged"] is False
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
     paths = {v["hostPath"]["path"] for v in ds["volumes"] if "hostPath" in v}
-    assert paths == {"/opt/cni/bin", "/etc/cni/net.d"}
+    assert paths == {"/opt/cni/bin", "/etc/cni/net.d", *AGENT_HOST_PATHS}
     env = {e["name"]: e for e in c["env"]}
     assert env["NODENAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+AGENT_HOST_PATHS = {"/run/pycni", "/var/run/netns", "/var/lib/cni", "/var/log"}
+
+
+def test_daemonset_runs_the_agent_with_the_host_paths_it_serves() -> None:
+    """The agent opens what requests name by host path: the same paths inside its container, netns
+    and CNI state with HostToContainer propagation (mounted after the pod started), host pids for
+    /proc/<pid>/ns/net, and a command its own CLI accepts."""
+    spec = by_kind("DaemonSet")[0]["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True and spec["hostPID"] is True
+    agent = next(c for c in spec["containers"] if c["name"] == "agent")
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    mounts = {volumes[m["name"]]: m for m in agent["volumeMounts"]}
+    assert all(path == m["mountPath"] for path, m in mounts.items()), "host paths at the same paths"
+    assert set(mounts) == {"/opt/cni/bin", "/etc/cni/net.d", *AGENT_HOST_PATHS}
+    for path in ("/var/run/netns", "/var/lib/cni"):
+        assert mounts[path]["mountPropagation"] == "HostToContainer"
+    from cni.agent import client, main
+
+    args = main.parse(agent["command"][1:])
+    assert args.socket == client.DEFAULT_SOCKET
+    assert os.path.dirname(args.socket) in {m["mountPath"] for m in agent["volumeMounts"]}
+    assert args.grace < spec["terminationGracePeriodSeconds"]
 
 
 def test_daemonset_command_and_probe_parse_with_the_installer_cli() -> None:

@@ -1,0 +1,128 @@
+"""The shim: hand one CNI call to the node-local agent, or say it was not taken so the caller runs it
+in-process. Imports stdlib only (and orjson for the rare error object): it runs on every plugin call.
+
+`serve` returns None ("run it yourself") only when the agent certainly did not execute the request:
+no socket, connect refused or timed out, the agent refused, or the connection broke before GO was
+sent. After GO a broken connection is reported as code 11 (try again later) and never re-run here: the
+agent may have applied part of the request. The runtime retries ADD after cleaning up with DEL, and DEL
+is idempotent, so a code-11 answer is always safe to retry.
+
+Settings (environment): PYCNI_AGENT=off disables the agent; PYCNI_AGENT_SOCKET names the socket
+(default /run/pycni/agent.sock)."""
+
+from __future__ import annotations
+
+import _socket as socket  # see cni.agent.proto
+import os
+
+from cni.agent import proto
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs the shim milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+DEFAULT_SOCKET = "/run/pycni/agent.sock"
+SOCKET_ENV, SWITCH_ENV = "PYCNI_AGENT_SOCKET", "PYCNI_AGENT"
+CONNECT_TIMEOUT = 0.25  # a live agent accepts at once; a full backlog means "busy": run in-process
+READY_TIMEOUT = 2.0  # from the request sent to READY/REFUSED (the agent answers before executing)
+
+
+def socket_path(env: Mapping[str, str]) -> str | None:
+    if env.get(SWITCH_ENV, "").lower() in ("off", "0", "false", "no"):
+        return None
+    return env.get(SOCKET_ENV) or DEFAULT_SOCKET
+
+
+class Unreachable(Exception):
+    """The agent did not take the request (it was not executed there)."""
+
+
+class Lost(Exception):
+    """The connection broke after GO: the request may have been executed."""
+
+
+def _connect(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(CONNECT_TIMEOUT)
+        sock.connect(path)
+        owner = proto.peer_uid(sock)
+        if owner not in (0, os.geteuid()):  # only root (or, in tests, ourselves) may answer for us
+            raise Unreachable(f"agent socket {path} is served by uid {owner}")
+    except OSError as e:
+        sock.close()
+        raise Unreachable(f"agent socket {path}: {e.strerror or e}") from None
+    except Unreachable:
+        sock.close()
+        raise
+    return sock
+
+
+def _request_fds() -> tuple[int, ...]:
+    return (
+        os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC),
+        2,
+        os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC),
+    )
+
+
+def exchange(path: str, plugin: str, build: str, bundle: str, stdin: bytes) -> tuple[int, bytes]:
+    """(exit code, stdout) from the agent; Unreachable or Lost otherwise."""
+    sock = _connect(path)
+    try:
+        fds = _request_fds()
+    except OSError as e:
+        sock.close()
+        raise Unreachable(f"cannot pass the caller's namespace and cwd: {e.strerror}") from None
+    try:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        head = proto.fields(proto.VERSION, build.encode(), plugin.encode(), os.fsencode(bundle),
+                            str(umask).encode())
+        reader = proto.Reader(sock)
+        try:
+            sock.settimeout(READY_TIMEOUT)
+            proto.send(sock, proto.REQUEST, head, fds)
+            proto.send(sock, proto.ENV, proto.encode_env(dict(os.environb)))
+            proto.send(sock, proto.STDIN, stdin)
+            kind, payload = reader.expect(proto.READY, proto.REFUSED)
+            if kind == proto.REFUSED:
+                raise Unreachable(f"agent refused: {payload.decode(errors='replace')}")
+            proto.send(sock, proto.GO)
+        except (OSError, proto.ProtocolError) as e:
+            raise Unreachable(f"agent: {e}") from None
+        return _answer(sock, reader)
+    finally:
+        os.close(fds[0])
+        os.close(fds[2])
+        sock.close()
+
+
+def _answer(sock: socket.socket, reader: proto.Reader) -> tuple[int, bytes]:
+    sock.settimeout(None)  # executing: as long as the plugin takes (the runtime has its own timeout)
+    try:
+        kind, payload = reader.expect(proto.ANSWER, proto.REFUSED)
+    except (OSError, proto.ProtocolError) as e:
+        raise Lost(str(e)) from None
+    if kind == proto.REFUSED:
+        raise Unreachable(f"agent refused: {payload.decode(errors='replace')}")
+    code, sep, out = payload.partition(b"\0")
+    if not sep or not code.isdigit():
+        raise Lost("malformed answer")
+    return int(code), out
+
+
+def lost_error(stdin: bytes, why: str) -> bytes:
+    """The error object (code 11) for a request the agent took and did not answer."""
+    import orjson
+
+    from cni import spec
+
+    try:
+        version = orjson.loads(stdin).get("cniVersion") or spec.DEFAULT
+    except (orjson.JSONDecodeError, AttributeError):
+        version = spec.LATEST
+    if version not in spec.SUPPORTED:
+        version = spec.LATEST
+    msg = "the pycni agent stopped while executing the request; it may be partly applied: try again"
+    return orjson.dumps({"cniVersion": version, "code": 11, "msg": msg, "details": why}) + b"\n"

@@ -1,0 +1,151 @@
+"""The node-local agent (cni.agent) as a test process: started from source, or from the frozen bundle's
+`pycni-agent` entry when PYCNI_PLUGIN_DIR is set; its log tells which requests it served.
+
+`make test`'s third pass sets PYCNI_TEST_AGENT=1: tests/conftest.py then runs one supervised agent for
+the session (restarted when a test kills it) and every plugin call of the integration and e2e suites
+goes through it; without it, the session points the shims at a socket that does not exist, so every
+call takes the in-process path after the shim's failed connect."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cni.agent import proto
+from tests.nsutil import REPO, Call
+
+START_TIMEOUT = 60.0  # importing pyroute2 and the IPAM on a loaded 2-core machine
+
+
+def command() -> list[str]:
+    bindir = os.environ.get("PYCNI_PLUGIN_DIR")
+    if bindir:
+        return [os.path.join(bindir, "pycni-agent")]
+    return [sys.executable, "-m", "cni", "pycni-agent"]
+
+
+def connectable(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+class Agent:
+    """One agent process on `sock`, logging to `log` (appended across restarts)."""
+
+    def __init__(self, sock: Path, log: Path, *args: str) -> None:
+        self.sock, self.log, self.args = sock, log, args
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Agent:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        with open(self.log, "ab") as fh:
+            self.proc = subprocess.Popen([*command(), "--socket", str(self.sock), *self.args],
+                                         stdout=fh, stderr=fh, env=env, cwd="/")
+        deadline = time.monotonic() + START_TIMEOUT
+        while not connectable(self.sock):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"agent exited with {self.proc.returncode}: {self.log.read_text()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"agent not serving {self.sock} after {START_TIMEOUT} s")
+            time.sleep(0.05)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout)
+        self.proc = None
+        return rc
+
+    def served(self, what: str = "") -> list[str]:
+        """Log lines of served requests ('served <plugin> <COMMAND> rc=N ...'), optionally filtered."""
+        lines = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+        return [x for x in lines if ": served " in x and what in x]
+
+
+class Supervised(Agent):
+    """An agent that is started again whenever it dies while the session still wants it (tests that
+    crash the plugin mid-request crash the agent when it serves them)."""
+
+    def __init__(self, sock: Path, log: Path, *args: str) -> None:
+        super().__init__(sock, log, *args)
+        self.wanted = True
+        self.restarts = 0
+        self.watcher = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> Supervised:
+        super().start()
+        self.watcher.start()
+        return self
+
+    def _watch(self) -> None:
+        while self.wanted:
+            proc = self.proc
+            if proc is not None and proc.poll() is not None and self.wanted:
+                self.restarts += 1
+                super().start()
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        self.wanted = False
+        self.watcher.join()
+        return super().stop(timeout)
+
+
+def agent_up() -> bool:
+    return os.environ.get("PYCNI_TEST_AGENT") == "1"
+
+
+def crashed(call: Call) -> bool:
+    """A plugin call killed mid-request: the process died of SIGKILL (in-process), or, when the agent
+    served it and was killed, the shim answered code 11 (and did not run the request again)."""
+    if call.rc == -signal.SIGKILL:
+        return True
+    out: Any = call.out
+    return agent_up() and call.rc == 1 and isinstance(out, dict) and out.get("code") == 11
+
+
+def fake_agent(path: Path, script: Callable[[socket.socket, proto.Reader], None]) -> threading.Thread:
+    """Serve one connection on `path` with `script` (after reading the three request frames)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        listener.close()
+        r = proto.Reader(conn)
+        try:
+            assert [r.read()[0] for _ in range(3)] == [proto.REQUEST, proto.ENV, proto.STDIN]
+            assert len(r.fds) == 3
+            script(conn, r)
+        finally:
+            r.close_fds()
+            conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t

@@ -1,0 +1,278 @@
+"""The node-local agent (cni.agent) with real namespaces: 50 concurrent ADDs into 50 namespaces, an
+agent killed mid-request, stopped with a request in flight, restarted, and refusing non-root callers.
+Each test runs its own agent on its own socket (from source, or the frozen `pycni-agent` in the frozen
+pass) and counts in the agent's log which requests it served."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni.agent import proto
+from ipam.store.local import LocalStore
+from tests.agentutil import Agent
+from tests.ipamutil import write_wrappers
+from tests.nsutil import Call, Topology
+
+ARGS = "IgnoreUnknown=1;K8S_POD_NAMESPACE=agent;K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}"
+PODS = 50
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[Agent]:
+    a = Agent(tmp_path / "run" / "agent.sock", tmp_path / "agent.log").start()
+    yield a
+    a.stop()
+
+
+def cni_path(tmp_path: Path) -> str:
+    """Our whereabouts: the frozen bundle's entry (served in-process there) or a from-source wrapper."""
+    bindir = os.environ.get("PYCNI_PLUGIN_DIR") or str(write_wrappers(tmp_path / "bin"))
+    return f"{bindir}:/usr/lib/cni"
+
+
+def conf(topo: Topology, tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    ipam = {"type": "whereabouts", "range": "198.51.100.0/24", "exclude": ["198.51.100.1"],
+            "local_db": str(tmp_path / "ipam.db"), "configuration_path": str(tmp_path / "flat.conf")}
+    (tmp_path / "flat.conf").write_text("{}")
+    return {"cniVersion": "1.0.0", "name": "agentnet", "type": "macvlan", "master": topo.uplink,
+            "dad": "off", "ipam": ipam, **extra}
+
+
+def run(topo: Topology, a: Agent, command: str, cfg: dict[str, Any], pod: str, i: int, tmp: Path) -> Call:
+    return topo.run("macvlan", command, cfg, netns=pod, container_id=f"c{i}", path=cni_path(tmp),
+                    cni_args=ARGS.format(pod=f"p{i}"), env={"PYCNI_AGENT_SOCKET": str(a.sock)})
+
+
+def allocations(tmp_path: Path) -> list[str]:
+    store = LocalStore(str(tmp_path / "ipam.db"))
+    try:
+        return [a.container_id for pool in store.iter_pools() for a in pool.allocations.values()]
+    finally:
+        store.close()
+
+
+def process_state(pid: int) -> tuple[int, str, str]:
+    """(open fds, network namespace, cwd) of the agent's process."""
+    return (len(os.listdir(f"/proc/{pid}/fd")), os.readlink(f"/proc/{pid}/ns/net"),
+            os.readlink(f"/proc/{pid}/cwd"))
+
+
+def settled(pid: int, want: int, timeout: float = 10.0) -> int:
+    """Threads of `pid` once the request threads have ended (they end right after answering)."""
+    deadline = time.monotonic() + timeout
+    while (n := len(os.listdir(f"/proc/{pid}/task"))) != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return n
+
+
+def test_fifty_concurrent_adds_into_fifty_namespaces(topo: Topology, agent: Agent, tmp_path: Path) -> None:
+    cfg = conf(topo, tmp_path)
+    debug = {**cfg, "logLevel": "debug"}
+    pods = [topo.pod(f"{i:02d}") for i in range(PODS)]
+    before, threads = process_state(agent.pid), len(os.listdir(f"/proc/{agent.pid}/task"))
+    # odd ones log at debug level (their info lines show): that must stay theirs
+    with ThreadPoolExecutor(PODS) as pool:
+        adds = list(pool.map(lambda i: run(topo, agent, "ADD", debug if i % 2 else cfg, pods[i], i, tmp_path),
+                             range(PODS)))
+    assert [a.rc for a in adds] == [0] * PODS, [a for a in adds if not a.ok][:3]
+    got = [a.out["ips"][0]["address"] for a in adds]
+    assert len(set(got)) == PODS
+    for i, pod in enumerate(pods):
+        assert topo.addrs(pod, "net1") == [got[i]]
+        assert ("info:" in adds[i].stderr) == bool(i % 2), (i, adds[i].stderr)
+    assert len(agent.served("served macvlan ADD rc=0")) == PODS  # through the agent, none in-process
+    assert sorted(allocations(tmp_path)) == sorted(f"c{i}" for i in range(PODS))
+    with ThreadPoolExecutor(PODS) as pool:
+        dels = list(pool.map(lambda i: run(topo, agent, "DEL", cfg, pods[i], i, tmp_path), range(PODS)))
+    assert [d.rc for d in dels] == [0] * PODS, [d for d in dels if not d.ok][:3]
+    assert len(agent.served("served macvlan DEL rc=0")) == PODS
+    assert allocations(tmp_path) == []
+    assert all(topo.link(pod, "net1") is None for pod in pods)
+    assert sorted(x["ifname"] for x in topo.links(topo.host)) == sorted(["lo", topo.uplink, topo.peer])
+    assert settled(agent.pid, threads) == threads
+    assert process_state(agent.pid) == before  # no fd, namespace or cwd change outlived a request
+
+
+def slow_ipam(tmp_path: Path) -> tuple[str, Path]:
+    """A CNI_PATH dir whose `slowipam` records each ADD, then waits to be killed (other commands
+    succeed at once: the rollback's DEL)."""
+    bindir = tmp_path / "slow"
+    bindir.mkdir()
+    marks = tmp_path / "starts"
+    script = bindir / "slowipam"
+    script.write_text(f'#!/bin/sh\n[ "$CNI_COMMAND" = ADD ] || exit 0\necho $$ >> {marks}\nexec sleep 60\n')
+    script.chmod(0o755)
+    return str(bindir), marks
+
+
+def wait_for(path: Path, timeout: float = 30.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.02)
+    return path.read_text().split()
+
+
+def test_agent_killed_mid_request_gives_code_11_and_runs_nothing_twice(
+    topo: Topology, agent: Agent, tmp_path: Path
+) -> None:
+    bindir, marks = slow_ipam(tmp_path)
+    cfg = {"cniVersion": "1.0.0", "name": "slow", "type": "macvlan", "master": topo.uplink,
+           "ipam": {"type": "slowipam"}}
+    pod = topo.pod()
+    env = {"PYCNI_AGENT_SOCKET": str(agent.sock)}
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(topo.run, "macvlan", "ADD", cfg, netns=pod, path=bindir, env=env)
+        pids = wait_for(marks)  # the agent is executing the ADD: the IPAM has started
+        agent.signal(signal.SIGKILL)
+        add = pending.result(timeout=60)
+        for pid in pids:
+            os.kill(int(pid), signal.SIGKILL)
+    assert add.rc == 1 and add.out["code"] == 11 and add.out["cniVersion"] == "1.0.0", add
+    assert marks.read_text().split() == pids and len(pids) == 1  # not executed a second time
+    # the agent is gone, its socket file stays: the DEL runs in-process and cleans up
+    assert agent.sock.exists()
+    host_local = {"type": "host-local", "dataDir": str(tmp_path / "hl"), "subnet": "198.51.100.0/24"}
+    delete = topo.run("macvlan", "DEL", {**cfg, "ipam": host_local}, netns=pod, path="/usr/lib/cni", env=env)
+    assert delete.ok, delete
+    assert topo.link(pod, "net1") is None
+
+
+def test_stopped_agent_finishes_the_request_in_flight_then_calls_run_in_process(
+    topo: Topology, agent: Agent, tmp_path: Path
+) -> None:
+    cfg = conf(topo, tmp_path)
+    pods = [topo.pod("a"), topo.pod("b")]
+    slow_bindir, marks = slow_ipam(tmp_path)
+    slow = {**cfg, "ipam": {"type": "slowipam"}}
+    env = {"PYCNI_AGENT_SOCKET": str(agent.sock)}
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(topo.run, "macvlan", "ADD", slow, netns=pods[0], path=slow_bindir, env=env)
+        pids = wait_for(marks)
+        agent.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while agent.sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not agent.sock.exists()  # stopping: new calls go in-process at once
+        during = run(topo, agent, "ADD", cfg, pods[1], 1, tmp_path)
+        assert during.ok, during
+        os.kill(int(pids[0]), signal.SIGKILL)  # the in-flight request ends (its IPAM failed)...
+        first = pending.result(timeout=60)
+    assert first.rc == 1 and first.out["code"] != 11, first  # ...and its answer still reached the shim
+    assert agent.proc is not None and agent.proc.wait(60) == 0
+    assert len(agent.served("served macvlan ADD")) == 1  # only the in-flight one; `during` ran in-process
+    assert topo.addrs(pods[1], "net1") == [during.out["ips"][0]["address"]]
+    assert run(topo, agent, "DEL", cfg, pods[1], 1, tmp_path).ok
+    assert allocations(tmp_path) == []
+
+
+def test_restarted_agent_serves_again(topo: Topology, agent: Agent, tmp_path: Path) -> None:
+    cfg = conf(topo, tmp_path)
+    pod = topo.pod()
+    agent.signal(signal.SIGKILL)  # a stale socket file: connect is refused, the call runs in-process
+    agent.proc.wait()  # type: ignore[union-attr]
+    add = run(topo, agent, "ADD", cfg, pod, 0, tmp_path)
+    assert add.ok and agent.served("macvlan ADD") == []
+    agent.start()
+    assert run(topo, agent, "DEL", cfg, pod, 0, tmp_path).ok
+    assert len(agent.served("served macvlan DEL rc=0")) == 1
+    assert allocations(tmp_path) == [] and topo.link(pod, "net1") is None
+    again = run(topo, agent, "ADD", cfg, pod, 0, tmp_path)
+    assert again.ok and again.out["ips"] == add.out["ips"]  # the first free address again
+    assert len(agent.served("served macvlan ADD rc=0")) == 1
+    assert run(topo, agent, "DEL", cfg, pod, 0, tmp_path).ok
+    assert allocations(tmp_path) == []
+
+
+def test_identical_answers_with_and_without_the_agent(topo: Topology, agent: Agent, tmp_path: Path) -> None:
+    """Results and error objects, byte for byte (the MAC is fixed so the results can be compared)."""
+    cfg = conf(topo, tmp_path, mac="02:00:00:00:00:42")
+    pod = topo.pod()
+    bad = {**cfg, "mtu": "big"}
+    outs = []
+    for sock in (str(agent.sock), str(tmp_path / "none.sock")):
+        env = {"PYCNI_AGENT_SOCKET": sock}
+        add = topo.run("macvlan", "ADD", cfg, netns=pod, container_id="same", path=cni_path(tmp_path),
+                       cni_args=ARGS.format(pod="same"), env=env)
+        err = topo.run("macvlan", "ADD", bad, netns=pod, path=cni_path(tmp_path), env=env)
+        gone = topo.run("macvlan", "ADD", cfg, netns="/run/netns/nonexistent-pycni", path=cni_path(tmp_path),
+                        env=env)
+        assert add.ok, add
+        outs.append((add, err, gone))
+        assert topo.run("macvlan", "DEL", cfg, netns=pod, container_id="same", path=cni_path(tmp_path),
+                        env=env).ok
+    (a1, e1, g1), (a2, e2, g2) = outs
+    assert a1.out == a2.out
+    assert (e1.rc, e1.out) == (e2.rc, e2.out) and e1.out["code"] == 7
+    assert (g1.rc, g1.out) == (g2.rc, g2.out) and g1.out["code"] == 3
+    assert len(agent.served("macvlan ADD")) == 3
+
+
+def test_socket_is_root_only_and_the_agent_refuses_non_root_peers() -> None:
+    where = Path(tempfile.mkdtemp(prefix="pycni-agent-"))  # under /tmp: every parent is searchable
+    where.chmod(0o755)
+    agent = Agent(where / "run" / "agent.sock", where / "agent.log").start()
+    try:
+        peers(agent)
+    finally:
+        agent.stop()
+        shutil.rmtree(where)
+
+
+def peers(agent: Agent) -> None:
+    assert os.stat(agent.sock).st_mode & 0o777 == 0o600
+    assert os.stat(agent.sock.parent).st_mode & 0o777 == 0o700
+    assert child_as_nobody(agent.sock) == "PermissionError"  # the file modes alone keep others out
+    os.chmod(agent.sock.parent, 0o755)  # loosen them: the agent itself must still refuse
+    os.chmod(agent.sock, 0o666)
+    assert child_as_nobody(agent.sock) == "refused: only root may use the agent"
+    assert "refused a caller with uid 65534" in agent.log.read_text()
+    assert agent.served() == []
+
+
+def child_as_nobody(sock: Path) -> str:
+    """Connect as uid 65534 in a forked child and send a request; what happened, as text."""
+    r, w = os.pipe()
+    with warnings.catch_warnings():  # the child only connects and reads: no lock of another thread
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        try:
+            os.close(r)
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(w, _try_request(sock).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as fh:
+        text = fh.read().decode()
+    os.waitpid(pid, 0)
+    return text
+
+
+def _try_request(sock: Path) -> str:
+    """Connect and wait for the agent's word before sending anything (the agent answers a peer it
+    refuses at once, without reading its request)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(str(sock))
+            kind, payload = proto.Reader(s).read()
+            return f"refused: {payload.decode()}" if kind == proto.REFUSED else f"answered {kind!r}"
+    except PermissionError:
+        return "PermissionError"
+    except (OSError, proto.ProtocolError) as e:
+        return f"error: {e}"
