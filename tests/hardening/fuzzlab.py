@@ -171,10 +171,30 @@ class FuzzLab:
             if now.get(name) != self.baseline.get(name):
                 found.append(f"host link {name}: {self.baseline.get(name)} -> {now.get(name)}")
         found += [f"record {k}/{n}" for k, v in self.lab.records().items() for n in v]
+        locks = self.lab.state_dir / "locks"
+        found += [f"lock file {n}" for n in (os.listdir(locks) if locks.is_dir() else [])]
         if self.lab.vf_table() != self.vfs0:
             found.append("VF settings changed")
         found += self.allocations()
         return found
+
+    def restore_standins(self) -> list[str]:
+        """Recreate the veth stand-ins that died with a temporary namespace (a physical device
+        returns to the initial namespace instead; a virtual one is destroyed). Returns their names."""
+        from tests.nsutil import sh
+
+        now = self.host_links()
+        gone = [n for n in self.baseline if n not in now]
+        for name in gone:
+            if name.endswith("x") and name[:-1] in gone:
+                continue  # the peer of a pair recreated below
+            peer = name + "x"
+            sh("ip", "-n", self.topo.host, "link", "add", name, "type", "veth", "peer", "name", peer)
+            for dev in (name, peer):
+                mac, mtu, up = self.baseline[dev]
+                sh("ip", "-n", self.topo.host, "link", "set", dev, "address", mac, "mtu", str(mtu),
+                   *(["up"] if up else []))
+        return gone
 
     def reset(self) -> None:
         """After a finding: put the lab back so the next example starts clean (best effort)."""
