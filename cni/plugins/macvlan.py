@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cni import delegate, faults, ifconfig, log, netns
+from cni import delegate, faults, ifconfig, log, netns, skel
 from cni.errors import (
     CheckError,
     ConfigError,
@@ -45,8 +45,12 @@ class MacvlanConf:
         mtu = f.int_range(c, "mtu", "", 0, 65535, 0)
         if 0 < mtu < MIN_MTU:
             raise ConfigError(f"mtu: {mtu} is below the minimum of {MIN_MTU}")
+        master = f.opt(c, "master", str, "", "")
+        problem = skel.ifname_problem(master) if master else None
+        if problem:
+            raise ConfigError(f"master: {f.show(master)} {problem}")
         return MacvlanConf(
-            master=f.opt(c, "master", str, "", ""),
+            master=master,
             mode=f.choice(c, "mode", "", MODES, "bridge"),
             mtu=mtu,
             mac=requested_mac(req, mac),

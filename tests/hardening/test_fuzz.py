@@ -30,6 +30,8 @@ from tests.hardening import strategies as S
 from tests.hardening.conftest import TALLY
 from tests.hardening.fuzzlab import FuzzLab, Outcome, run_process
 
+pytestmark = pytest.mark.root  # namespaces, links, mounts
+
 PLUGINS = ["macvlan", "host-device", "sriov", "whereabouts"]
 CASES = [(p, "local") for p in PLUGINS] + [("whereabouts", "memory")]
 KNOWN_CODES = {int(c) for c in Code} - {int(Code.INTERNAL)}

@@ -16,6 +16,8 @@ from cni import jsonio
 from tests.hardening.conftest import TALLY
 from tests.hardening.fuzzlab import FuzzLab, run_process
 
+pytestmark = pytest.mark.root  # namespaces, links, mounts
+
 DEVICE_STEPS = ["snapshot", "move-temp", "move-pod", "alias", "rename", "ipam", "configure", "record",
                 "result"]
 STEPS = {
