@@ -167,7 +167,7 @@ def test_seeded_storm_then_del_of_everything(target: Target, tmp_path: Path) -> 
                 )
             calls += del_everything(storm, pool)
         problems, owners = check(store, confs.values())
-        assert not problems and owners == {}, f"seed {SEED}: after DEL of everything: {problems[:10]} {owners}"
+        assert not problems and owners == {}, f"seed {SEED}: after DEL of all: {problems[:10]} {owners}"
         orphans = [r.name for r in store.iter_reservations()]
         orphans += [f"{p.name}/{k}" for p in store.iter_pools() for k in p.allocations]
         assert orphans == [], f"seed {SEED}: orphans after DEL of everything: {orphans[:10]}"
@@ -188,7 +188,8 @@ def test_seeded_storm_then_del_of_everything(target: Target, tmp_path: Path) -> 
 def del_everything(storm: Storm, pool: ProcessPoolExecutor) -> int:
     """The runtime DELs every attachment it ever added (live, forgotten or already deleted), 16 at a
     time, in parallel."""
-    todo = [(net, att) for net in sorted(storm.every) for att in sorted(storm.every[net], key=lambda a: a.cid)]
+    todo = [(net, att) for net in sorted(storm.every)
+            for att in sorted(storm.every[net], key=lambda a: a.cid)]
     for i in range(0, len(todo), 16):
         chunk = todo[i:i + 16]
         futures = [pool.submit(_call, "del", storm.confs[net], att) for net, att in chunk]
