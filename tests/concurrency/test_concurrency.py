@@ -195,7 +195,7 @@ def del_everything(storm: Storm, pool: ProcessPoolExecutor) -> int:
         futures = [pool.submit(_call, "del", storm.confs[net], att) for net, att in chunk]
         for (net, att), fut in zip(chunk, futures, strict=True):
             rc, out = fut.result()
-            assert rc == 0, (att, out)
+            assert rc == 0, (net, att, out)
     return len(todo)
 
 
