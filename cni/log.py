@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 LEVELS = {"debug": 10, "verbose": 15, "info": 20, "warning": 30, "error": 40, "panic": 50}
-_SECRET_WORDS = ("password", "token", "secret", "key_file", "keyfile", "credential")
+SECRET_WORDS = ("password", "token", "secret", "key_file", "keyfile", "credential")
 
 
 class _State:
@@ -20,6 +20,23 @@ class _State:
     fds: tuple[int, ...] = (2,)
     tag = "pycni"
     file: tuple[str, int] | None = None  # the log file's path and fd (one at a time)
+    tee: int | None = -1  # PYCNI_TEST_LOG's fd; -1: not looked up yet
+
+
+TEST_LOG = "PYCNI_TEST_LOG"  # tests only: every line, at every level, also appended to this file
+
+
+def _tee() -> int | None:
+    """The test suite's collector of every log line (so it can grep them all for secrets); unset
+    outside tests, then this costs one environment lookup per process."""
+    if _State.tee == -1:
+        path = os.environ.get(TEST_LOG)
+        _State.tee = None
+        if path:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+            with contextlib.suppress(OSError):
+                _State.tee = os.open(path, flags, 0o600)
+    return _State.tee
 
 
 def configure(level: str | None = None, file: str | None = None, tag: str | None = None) -> None:
@@ -50,7 +67,8 @@ def _open_file(path: str) -> None:
 
 
 def _emit(level: int, name: str, msg: str, args: tuple[Any, ...]) -> None:
-    if level < _State.level:
+    tee = _tee()
+    if level < _State.level and tee is None:
         return
     try:
         text = msg % args if args else msg
@@ -58,9 +76,12 @@ def _emit(level: int, name: str, msg: str, args: tuple[Any, ...]) -> None:
         text = f"{msg} {args!r}"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     line = f"{stamp}Z {_State.tag}[{os.getpid()}] {name}: {text}\n".encode(errors="replace")
-    for fd in _State.fds:
+    for fd in _State.fds if level >= _State.level else ():
         with contextlib.suppress(OSError):
             os.write(fd, line)
+    if tee is not None:
+        with contextlib.suppress(OSError):
+            os.write(tee, line)
 
 
 def debug(msg: str, *args: Any) -> None:
@@ -83,7 +104,7 @@ def redact(obj: Any) -> Any:
     """A copy of `obj` with credential-looking values replaced by '***'."""
     if isinstance(obj, dict):
         return {
-            k: "***" if any(w in str(k).lower() for w in _SECRET_WORDS) else redact(v) for k, v in obj.items()
+            k: "***" if any(w in str(k).lower() for w in SECRET_WORDS) else redact(v) for k, v in obj.items()
         }
     if isinstance(obj, list):
         return [redact(v) for v in obj]

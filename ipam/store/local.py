@@ -14,8 +14,10 @@ that needed it, never from construction."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sqlite3
+import stat
 from collections.abc import Iterator
 from typing import Any
 
@@ -85,8 +87,12 @@ class LocalStore:
             return self._conn
         try:
             os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
+            _refuse_symlinks(self.path)
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                link = e.filename if isinstance(e.filename, str) else self.path
+                raise StoreUnavailable(f"local store {link}: is a symlink; refusing to follow it") from None
             raise self._fail(e) from None
         try:
             conn = sqlite3.connect(
@@ -267,6 +273,15 @@ class LocalStore:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _refuse_symlinks(path: str) -> None:
+    """SQLite opens its -wal, -shm and -journal files following symlinks: one planted there would
+    redirect its writes. They are created 0600 like the database (SQLite copies its mode)."""
+    for suffix in ("-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISLNK(os.lstat(path + suffix).st_mode):
+                raise OSError(errno.ELOOP, "is a symlink", path + suffix)
 
 
 def _initialise(conn: sqlite3.Connection) -> None:

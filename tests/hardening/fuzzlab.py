@@ -72,7 +72,7 @@ class FuzzLab:
 
     def ipam(self, **extra: Any) -> dict[str, Any]:
         return {"type": "whereabouts", "range": "198.18.4.0/28", "configuration_path": str(self.flat),
-                "local_db": str(self.db), "log_level": "debug", **extra}
+                "local_db": str(self.db), "log_level": "debug", "etcd_password": SECRET, **extra}
 
     def conf(self, plugin: str, **extra: Any) -> dict[str, Any]:
         """A valid configuration of `plugin` in this lab (ADD succeeds with it)."""
@@ -211,7 +211,8 @@ class FuzzLab:
         self.backend.reservations.clear()
 
 
-def run_process(lab: FuzzLab, plugin: str, env: Mapping[str, str], stdin: bytes) -> Outcome:
+def run_process(lab: FuzzLab, plugin: str, env: Mapping[str, str], stdin: bytes,
+                cwd: Path | None = None) -> Outcome:
     """The same call as a real process (`python -m cni PLUGIN` inside the lab's host namespace)."""
     import subprocess
 
@@ -220,6 +221,7 @@ def run_process(lab: FuzzLab, plugin: str, env: Mapping[str, str], stdin: bytes)
     full["PYTHONPATH"] = str(REPO)
     cmd = ["ip", "netns", "exec", lab.topo.host, sys.executable, "-m", "cni", plugin]
     envb = {os.fsencode(k): os.fsencode(v) for k, v in full.items()}
-    proc = subprocess.run(cmd, input=stdin, env=envb, capture_output=True, check=False, cwd=REPO, timeout=120)
+    proc = subprocess.run(cmd, input=stdin, env=envb, capture_output=True, check=False,
+                          cwd=cwd or REPO, timeout=120)
     out = jsonio.loads(proc.stdout) if proc.stdout.strip() else None
     return Outcome(proc.returncode, out, proc.stdout + b"\n--stderr--\n" + proc.stderr)
