@@ -217,7 +217,7 @@ def test_installer_never_writes_through_a_symlink(tmp_path: Path, rel: str, exis
         return
     plant(link, victim, exists)
     if rel.startswith("BIN/"):  # the lock and the state: refused, never followed
-        with pytest.raises((OSError, RuntimeError), match="symlink|symbolic link"):
+        with pytest.raises((OSError, RuntimeError), match=r"symlink|symbolic link"):
             install.install_once(o)
     else:  # conf files are written by rename: the link is replaced
         install.install_once(o)
