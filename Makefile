@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv deps lint typecheck unit e2e test demo bench bench-bundle bench-warm driver bundle clean
+.PHONY: all venv deps lint typecheck unit e2e test demo bench bench-bundle bench-warm driver bundle clean fuzz
 all: venv
 
 $(STAMP): pyproject.toml
@@ -47,6 +47,11 @@ test: deps venv driver lint bundle
 	$(VENV)/bin/pytest -q tests
 	PYCNI_PLUGIN_DIR=$(CURDIR)/dist/cni-bin $(VENV)/bin/pytest -q tests/integration tests/e2e
 	PYCNI_PLUGIN_DIR=$(CURDIR)/dist/cni-bin PYCNI_TEST_AGENT=1 $(VENV)/bin/pytest -q tests/integration tests/e2e
+
+# The long hardening run: the fuzz suite with the `fuzz` hypothesis profile (EXAMPLES per test and case,
+# default 5000; CI runs the bounded `ci` profile as part of `make test`).
+fuzz: venv
+	PYCNI_FUZZ_PROFILE=fuzz $(if $(EXAMPLES),PYCNI_FUZZ_EXAMPLES=$(EXAMPLES)) $(VENV)/bin/pytest -q tests/hardening/test_fuzz.py
 
 demo: deps venv
 	$(PY) -m tests.demo

@@ -33,8 +33,9 @@ def remove_stale_tmp(directory: Path) -> None:
 
 def write_atomic(target: Path, data: bytes, mode: int = 0o600) -> bool:
     """Replace target with data (temp file created with `mode`, fsync, rename). False if already equal."""
-    try:
-        if target.read_bytes() == data and (target.stat().st_mode & 0o7777) == mode:
+    try:  # a symlink at target is replaced, never followed
+        same = not target.is_symlink() and target.read_bytes() == data
+        if same and (target.stat().st_mode & 0o7777) == mode:
             return False
     except OSError:
         pass

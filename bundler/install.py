@@ -29,7 +29,7 @@ from cni import log
 def locked(bin_dir: Path) -> Iterator[None]:
     home = bin_dir / state.HOME
     home.mkdir(mode=0o755, exist_ok=True)
-    fd = os.open(home / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(home / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -101,6 +101,8 @@ def _mkdirs(root: Path, d: Path, st: state.State) -> None:
     cur = root
     for part in d.relative_to(root).parts:
         cur = cur / part
+        if cur.is_symlink():  # a planted link would send the files (the token too) elsewhere
+            raise RuntimeError(f"{cur}: is a symlink; refusing to write through it")
         if not cur.exists():
             cur.mkdir(mode=0o755)
             st.conf_dirs.append(str(cur.relative_to(root)))

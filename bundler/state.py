@@ -51,6 +51,8 @@ def path(bin_dir: Path) -> Path:
 
 def load(bin_dir: Path) -> State:
     p = path(bin_dir)
+    if p.is_symlink():
+        raise RuntimeError(f"{p}: is a symlink; refusing to follow it")
     if not p.exists():
         return State()
     try:
@@ -60,4 +62,4 @@ def load(bin_dir: Path) -> State:
 
 
 def save(bin_dir: Path, st: State) -> None:
-    fsutil.write_atomic(path(bin_dir), jsonio.dumps(st.to_dict(), indent=True) + b"\n", 0o644)
+    fsutil.write_atomic(path(bin_dir), jsonio.dumps(st.to_dict(), indent=True) + b"\n", 0o600)

@@ -53,6 +53,7 @@ def _in_process_module(kind: str, binary: str) -> str | None:
 def _exec(binary: str, req: Request, command: str) -> bytes:
     env = dict(req.env)
     env["CNI_COMMAND"] = command
+    env.pop("PYCNI_TEST_FAULTS", None)  # tests inject faults into the plugin, not into its IPAM
     for attempt in range(ETXTBSY_TRIES):
         try:
             proc = subprocess.run([binary], input=req.stdin, env=env, capture_output=True, check=False)

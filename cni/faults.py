@@ -1,8 +1,8 @@
 """Fault injection for tests: with PYCNI_TEST_FAULTS=step[,step...] in the environment, `point(step)`
 raises at that step, so a test can fail an ADD at every step and check the rollback; `step!` kills
 the process there instead (SIGKILL: no rollback runs; with the agent serving, the agent: a crash
-mid-request), to test recovery after a crash. Unset (always, outside tests) it does nothing. The
-steps are listed in README.md ("host-device and sriov")."""
+mid-request), to test recovery after a crash. Unset (always, outside tests) it does nothing. An IPAM
+the plugin execs does not inherit the variable. The steps are listed in README.md (Hardening)."""
 
 from __future__ import annotations
 

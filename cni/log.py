@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from typing import Any
 
 LEVELS = {"debug": 10, "verbose": 15, "info": 20, "warning": 30, "error": 40, "panic": 50}
-_SECRET_WORDS = ("password", "token", "secret", "key_file", "keyfile", "credential")
+SECRET_WORDS = ("password", "token", "secret", "key_file", "keyfile", "credential")
 
 
 class _Settings:
@@ -37,6 +37,26 @@ def replace(st: _Settings, **changes: Any) -> _Settings:
 # Per context, not per process: the agent runs each request in its own thread (a fresh context), so a
 # request's logLevel/logFile and its caller's stderr never leak into another request.
 _STATE: ContextVar[_Settings] = ContextVar("pycni_log", default=_Settings())  # noqa: B039 (never mutated)
+
+
+class _Tee:
+    fd: int | None = -1  # PYCNI_TEST_LOG's fd; -1: not looked up yet (process-wide, tests only)
+
+
+TEST_LOG = "PYCNI_TEST_LOG"  # tests only: every line, at every level, also appended to this file
+
+
+def _tee() -> int | None:
+    """The test suite's collector of every log line (so it can grep them all for secrets); unset
+    outside tests, then this costs one environment lookup per process."""
+    if _Tee.fd == -1:
+        path = os.environ.get(TEST_LOG)
+        _Tee.fd = None
+        if path:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+            with contextlib.suppress(OSError):
+                _Tee.fd = os.open(path, flags, 0o600)
+    return _Tee.fd
 
 
 def configure(level: str | None = None, file: str | None = None, tag: str | None = None) -> None:
@@ -97,7 +117,8 @@ def raw(data: bytes) -> None:
 
 def _emit(level: int, name: str, msg: str, args: tuple[Any, ...]) -> None:
     st = _STATE.get()
-    if level < st.level:
+    tee = _tee()
+    if level < st.level and tee is None:
         return
     try:
         text = msg % args if args else msg
@@ -105,9 +126,12 @@ def _emit(level: int, name: str, msg: str, args: tuple[Any, ...]) -> None:
         text = f"{msg} {args!r}"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     line = f"{stamp}Z {st.tag}[{os.getpid()}] {name}: {text}\n".encode(errors="replace")
-    for fd in st.fds:
+    for fd in st.fds if level >= st.level else ():
         with contextlib.suppress(OSError):
             os.write(fd, line)
+    if tee is not None:
+        with contextlib.suppress(OSError):
+            os.write(tee, line)
 
 
 def debug(msg: str, *args: Any) -> None:
@@ -130,7 +154,7 @@ def redact(obj: Any) -> Any:
     """A copy of `obj` with credential-looking values replaced by '***'."""
     if isinstance(obj, dict):
         return {
-            k: "***" if any(w in str(k).lower() for w in _SECRET_WORDS) else redact(v) for k, v in obj.items()
+            k: "***" if any(w in str(k).lower() for w in SECRET_WORDS) else redact(v) for k, v in obj.items()
         }
     if isinstance(obj, list):
         return [redact(v) for v in obj]

@@ -24,6 +24,7 @@ NEEDS = {  # which CNI_* each command requires (CNI_NETNS is optional on DEL, CN
     "STATUS": (),
 }
 IFNAMSIZ = 16
+ENV_VARS = ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH")
 
 
 def ifname_problem(name: str) -> str | None:
@@ -45,17 +46,17 @@ def ifname_problem(name: str) -> str | None:
 def check_env(command: str, env: Mapping[str, str]) -> CniArgs:
     """The parsed CNI_ARGS; raise code 4 naming every missing or invalid variable at once."""
     missing = [k for k in NEEDS[command] if not env.get(k)]
-    invalid = []
+    invalid = [f"{k} (contains a NUL byte)" for k in ENV_VARS if "\x00" in env.get(k, "")]  # never via exec
     cid = env.get("CNI_CONTAINERID", "")
-    if cid and not f.NAME_RE.fullmatch(cid):
+    if cid and "\x00" not in cid and not f.NAME_RE.fullmatch(cid):
         invalid.append(f'CNI_CONTAINERID "{cid}" (must match {f.NAME_RE.pattern})')
     ifname = env.get("CNI_IFNAME")
-    problem = ifname_problem(ifname) if ifname else None
+    problem = ifname_problem(ifname) if ifname and "\x00" not in ifname else None
     if problem:
         invalid.append(f'CNI_IFNAME "{ifname}" {problem}')
     args = CniArgs()
     try:
-        args = parse_args(env.get("CNI_ARGS", ""))
+        args = parse_args(env.get("CNI_ARGS", "").replace("\x00", ""))
     except EnvError as e:
         invalid.append(e.msg)
     parts = []
@@ -194,7 +195,12 @@ def run(plugin: str, env: Mapping[str, str], stdin: IO[bytes], stdout: IO[bytes]
         req = parse_request(command, env, data)
         version = req.version
         module = _load(plugin)
-        stdout.write(dispatch(module, req))
+        out = dispatch(module, req)
+        if out:
+            from cni import faults
+
+            faults.point("result")  # tests: the ADD is complete, its result not yet printed
+        stdout.write(out)
         return 0
     except CniError as e:
         log.debug("%s %s failed: code %d: %s", plugin, command, int(e.code), e)

@@ -14,7 +14,7 @@ import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cni import log
+from cni import faults, log
 from cni.errors import CheckError, CniError, Code
 from ipam import allocator
 from ipam.allocator import SnapshotView
@@ -127,6 +127,7 @@ class Engine:
             self._claim(rng, decision, owner, claims)
         if decision.update:
             self._commit(view, decision.update)
+            faults.point("store-commit")  # tests: inside the store transaction, before it ends
         log.debug(
             "%s %s: %s %s (%s)",
             owner.container_id,

@@ -35,6 +35,22 @@ def topo() -> Iterator[nsutil.Topology]:
         t.close()
 
 
+SECRET_MARK = "PYCNI-SECRET-"  # every secret a test uses (token, etcd password) contains this
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_secrets_in_logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every line pycni logs during the session, in this process and in every plugin process it
+    starts (they inherit PYCNI_TEST_LOG, see cni/log.py), at every level, is grepped for secrets."""
+    collected = tmp_path_factory.mktemp("logs") / "all.log"
+    os.environ["PYCNI_TEST_LOG"] = str(collected)
+    yield
+    lines = collected.read_bytes().decode(errors="replace").splitlines() if collected.exists() else []
+    leaked = [line for line in lines if SECRET_MARK in line]
+    print(f"\nsecret grep: {len(lines)} log lines, {len(leaked)} with {SECRET_MARK}")
+    assert not leaked, f"secrets in the logs: {leaked[:5]}"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_leftovers() -> Iterator[None]:
     yield

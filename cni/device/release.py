@@ -104,6 +104,7 @@ def gc(req: Request, plugin: str, conf: DeviceConf) -> None:
     stale = [a for a in recs.all() if valid is not None and a.plugin == plugin and a.network == req.name
              and (a.container_id, a.ifname) not in valid]
     errors: list[str] = []
+    codes: list[int] = []
     for att in stale:
         try:
             with recs.lock(att.key, att.key):
@@ -114,10 +115,12 @@ def gc(req: Request, plugin: str, conf: DeviceConf) -> None:
             log.info("GC: %s/%s released %s", att.container_id, att.ifname, att.key)
         except CniError as e:
             errors.append(f"{att.container_id}/{att.ifname}: {e}")
+            codes.append(int(e.code))
     if conf.ipam is not None:
         try:
             delegate.gc(req)
         except CniError as e:
             errors.append(f"ipam: {e}")
-    if errors:
-        raise CniError("GC incomplete: " + "; ".join(errors))
+            codes.append(int(e.code))
+    if errors:  # the first failure's code: a bad ipam section stays code 7, an outage code 11
+        raise CniError("GC incomplete: " + "; ".join(errors), code=codes[0])

@@ -106,17 +106,41 @@ class StateDir:
 
     @contextlib.contextmanager
     def lock(self, name: str, what: str, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
-        """Hold an exclusive flock on locks/<name>; TryAgainError (code 11) after `timeout`."""
+        """Hold an exclusive flock on locks/<name>; TryAgainError (code 11) after `timeout`.
+
+        The file is removed when the lock is released, so no lock file outlives the operation. A
+        waiter that then gets the lock on the removed file sees that the name no longer leads to its
+        file and starts again on the current one, so two holders can never coexist."""
+        deadline = time.monotonic() + timeout
         with self.subdir("locks") as d:
+            while True:
+                try:
+                    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
+                except OSError as e:
+                    raise self._fail(f"locks/{name}", e) from None
+                try:
+                    _acquire(fd, what, max(deadline - time.monotonic(), 0.0))
+                    if _same_file(fd, name, d):
+                        break
+                except BaseException:
+                    os.close(fd)
+                    raise
+                os.close(fd)  # removed (or replaced) while we waited: take the current one
             try:
-                fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
-            except OSError as e:
-                raise self._fail(f"locks/{name}", e) from None
-        try:
-            _acquire(fd, what, timeout)
-            yield
-        finally:
-            os.close(fd)  # closing drops the lock
+                yield
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=d)
+                os.close(fd)  # closing drops the lock
+
+
+def _same_file(fd: int, name: str, dir_fd: int) -> bool:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def _acquire(fd: int, what: str, timeout: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,7 +74,10 @@ def _msg(index: int = 0, attrs: list[tuple[str, Any]] | None = None) -> Any:
 
 
 def get(nl: Netlink, name: str | None = None, index: int = 0) -> Link | None:
-    """The link by name (or altname) or index; None if it does not exist."""
+    """The link by name (or altname) or index; None if it does not exist (as for a name longer than
+    IFNAMSIZ-1 bytes: the kernel looks names up through IFLA_IFNAME, which cannot carry one)."""
+    if name and len(os.fsencode(name)) > 15:
+        return None
     attrs: list[tuple[str, Any]] = [("IFLA_IFNAME", name)] if name else []
     attrs.append(("IFLA_EXT_MASK", 1))  # RTEXT_FILTER_VF
     try:

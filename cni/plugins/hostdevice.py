@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+from cni import skel
 from cni.device import attach, release
 from cni.device.conf import DeviceConf, Target
 from cni.errors import ConfigError
@@ -82,6 +83,9 @@ def target(req: Request) -> Target:
     fs = sysfs.open_sysfs(req.env)
     field, value = selector(req)
     if field == "device":
+        problem = skel.ifname_problem(value)
+        if problem:
+            raise ConfigError(f"device: {f.show(value)} {problem}")
         return _by_name(field, value, value, fs)
     if field == "hwaddr":
         return _by_mac(value, fs)

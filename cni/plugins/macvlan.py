@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cni import delegate, ifconfig, log, netns
+from cni import delegate, faults, ifconfig, log, netns, skel
 from cni.errors import (
     CheckError,
     ConfigError,
@@ -46,8 +45,12 @@ class MacvlanConf:
         mtu = f.int_range(c, "mtu", "", 0, 65535, 0)
         if 0 < mtu < MIN_MTU:
             raise ConfigError(f"mtu: {mtu} is below the minimum of {MIN_MTU}")
+        master = f.opt(c, "master", str, "", "")
+        problem = skel.ifname_problem(master) if master else None
+        if problem:
+            raise ConfigError(f"master: {f.show(master)} {problem}")
         return MacvlanConf(
-            master=f.opt(c, "master", str, "", ""),
+            master=master,
             mode=f.choice(c, "mode", "", MODES, "bridge"),
             mtu=mtu,
             mac=requested_mac(req, mac),
@@ -97,8 +100,9 @@ def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl
         raise ConfigError(f"mtu: {conf.mtu} is larger than the MTU of master {master.name} ({master.mtu})")
     if links.get(pod_nl, req.ifname) is not None:
         raise InterfaceExistsError(f'CNI_IFNAME "{req.ifname}" already exists in {req.netns}')
+    tmp = temp_name(req)
+    _remove_stale_temp(pod_nl, tmp, req)
     with Undo() as undo:
-        tmp = "pc" + os.urandom(4).hex()  # not `secrets`: its hmac/hashlib imports cost 5-9 ms a call
         links.create_macvlan(
             master_nl,
             tmp,
@@ -112,6 +116,7 @@ def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl
         created = links.get(pod_nl, tmp)
         assert created is not None, "macvlan vanished right after creation"
         undo.push(f"delete macvlan {req.ifname}", links.delete, pod_nl, created.index)
+        faults.point("link")
         try:
             links.set_name(pod_nl, created.index, req.ifname)
         except NetlinkError as e:
@@ -120,6 +125,7 @@ def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl
                     f'CNI_IFNAME "{req.ifname}" already exists in {req.netns}'
                 ) from None
             raise
+        faults.point("rename")
         link = links.get(pod_nl, index=created.index)
         assert link is not None
         iface = Interface(name=req.ifname, mac=link.mac, sandbox=req.netns, mtu=link.mtu)
@@ -131,16 +137,36 @@ def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl
         # output we cannot use may still hold an allocation
         undo.push("release the IPAM allocation", delegate.delete, req)
         ipam_result = common.ipam_add(req)
+        faults.point("ipam")
         # The config's dns replaces whatever the IPAM returned, even when empty, as in the reference
         # (`result.DNS = n.DNS`): runtimes write resolv.conf from it, so passing the IPAM's through
         # would change pods that move from the Go plugin to this one.
         result = replace(ipam_result.with_interface(iface), dns=conf.dns)
         ifconfig.configure(ns_fd, link.index, result, dad=conf.dad)
+        faults.point("configure")
         undo.commit()
     log.info(
         "ADD %s/%s: macvlan on %s, %d address(es)", req.container_id, req.ifname, master.name, len(result.ips)
     )
     return result
+
+
+def temp_name(req: Request) -> str:
+    """The name the link has in the pod before its rename to CNI_IFNAME: fixed per attachment, so a
+    DEL after an ADD that died before the rename finds it (zlib, not hashlib: 5-9 ms less a call)."""
+    import zlib
+
+    return f"pc{zlib.crc32(f'{req.container_id}/{req.ifname}'.encode(errors='surrogateescape')):08x}"
+
+
+def _remove_stale_temp(nl: Netlink, tmp: str, req: Request) -> bool:
+    """A macvlan under this attachment's temporary name is what a killed ADD left: remove it."""
+    link = links.get(nl, tmp)
+    if link is None or link.name != tmp or link.kind != "macvlan":
+        return False
+    log.warning("%s/%s: removing %s left by an interrupted ADD", req.container_id, req.ifname, tmp)
+    links.delete(nl, link.index)
+    return True
 
 
 def delete(req: Request) -> None:
@@ -165,6 +191,7 @@ def _delete_link(req: Request) -> None:
     if not req.netns:
         return
     with netns.opened(req.netns) as ns_fd, opened(ns_fd) as nl:
+        _remove_stale_temp(nl, temp_name(req), req)
         link = links.get(nl, req.ifname)
         if link is None:
             log.debug("DEL %s: %s already gone", req.container_id, req.ifname)

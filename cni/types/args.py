@@ -45,5 +45,7 @@ def parse(text: str) -> CniArgs:
         key, sep, value = item.partition("=")
         if not sep or "=" in value or not key:
             raise EnvError(f'CNI_ARGS: invalid pair "{item}" (expected KEY=VALUE)')
+        if any("\udc80" <= ch <= "\udcff" for ch in item):  # bytes that were not UTF-8 (surrogateescape)
+            raise EnvError(f"CNI_ARGS: {key or 'a pair'} is not valid UTF-8 (stores and results need text)")
         pairs.append((key, value))
     return CniArgs(tuple(pairs))

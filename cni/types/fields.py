@@ -29,10 +29,19 @@ def show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def secret(path: str) -> bool:
+    """A credential field (etcd_password, a token...): its value never goes into a message."""
+    from cni.log import SECRET_WORDS
+
+    last = path.rsplit(".", 1)[-1].lower()
+    return any(w in last for w in SECRET_WORDS)
+
+
 def typed(value: Any, kind: type, path: str) -> Any:
     ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if not ok:
-        raise ConfigError(f"{path}: must be {_TYPES[kind]}, got {show(value)}")
+        got = f"a {type(value).__name__} (value not shown)" if secret(path) else show(value)
+        raise ConfigError(f"{path}: must be {_TYPES[kind]}, got {got}")
     return value
 
 

@@ -14,8 +14,10 @@ that needed it, never from construction."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sqlite3
+import stat
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +28,7 @@ from ipam.store.localview import LocalView, num_of
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT = 10.0
 PAGE = 200
+MIN_FREE = 64 * 1024  # below this a failed write is reported as a full file system
 _OWNER = "container_id, podref, ifname, pod_uid, network, node"
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY CHECK (id = 1), value INTEGER NOT NULL);
@@ -60,17 +63,37 @@ class LocalStore:
 
     # ---- connection -------------------------------------------------------------------------------
 
-    def _fail(self, e: sqlite3.Error) -> StoreUnavailable:
-        return StoreUnavailable(f"local store {self.path}: {e}")
+    def _fail(self, e: sqlite3.Error | OSError) -> StoreUnavailable:
+        text = e.strerror if isinstance(e, OSError) else str(e)
+        return StoreUnavailable(f"local store {self.path}: {text}{self._file_system_state()}")
+
+    def _file_system_state(self) -> str:
+        """Why SQLite's 'disk I/O error' or 'unable to open' happened, when the file system says so."""
+        where = os.path.dirname(os.path.abspath(self.path))
+        while not os.path.isdir(where) and where != os.path.dirname(where):
+            where = os.path.dirname(where)  # the directory may not exist yet: its nearest ancestor
+        try:
+            fs = os.statvfs(where)
+        except OSError:
+            return ""
+        if fs.f_flag & os.ST_RDONLY:
+            return " (the file system is read-only)"
+        if fs.f_bavail * fs.f_frsize < MIN_FREE:
+            return f" (the file system is full: {fs.f_bavail * fs.f_frsize} bytes free)"
+        return ""
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:
             return self._conn
         try:
             os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
+            _refuse_symlinks(self.path)
         except OSError as e:
-            raise StoreUnavailable(f"local store {self.path}: {e.strerror}") from None
+            if e.errno == errno.ELOOP:
+                link = e.filename if isinstance(e.filename, str) else self.path
+                raise StoreUnavailable(f"local store {link}: is a symlink; refusing to follow it") from None
+            raise self._fail(e) from None
         try:
             conn = sqlite3.connect(
                 self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
@@ -250,6 +273,15 @@ class LocalStore:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _refuse_symlinks(path: str) -> None:
+    """SQLite opens its -wal, -shm and -journal files following symlinks: one planted there would
+    redirect its writes. They are created 0600 like the database (SQLite copies its mode)."""
+    for suffix in ("-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISLNK(os.lstat(path + suffix).st_mode):
+                raise OSError(errno.ELOOP, "is a symlink", path + suffix)
 
 
 def _initialise(conn: sqlite3.Connection) -> None:

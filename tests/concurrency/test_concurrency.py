@@ -1,6 +1,7 @@
 """Concurrency per store (tests/concurrency/stores.py): 200 concurrent ADDs as separate processes on one
-pool, then 200 concurrent DELs; and a seeded storm of 1,000 mixed ADD/DEL/GC calls from 8 worker
-processes on two networks whose ranges overlap, checked after every batch."""
+pool, then 200 concurrent DELs; and a seeded storm of 2,000 (PYCNI_STORM_CALLS) mixed ADD/DEL/CHECK/GC
+calls from 8 worker processes on two networks whose ranges overlap, checked after every batch, ending
+with a DEL of every attachment ever added: zero addresses held twice, zero orphans."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.concurrency.harness import Att, base_conf, check, run_inline, spawn_a
 from tests.concurrency.stores import TARGETS, Target
 
 SEED = int(os.environ.get("PYCNI_STORM_SEED", "20260917"))
+CALLS = int(os.environ.get("PYCNI_STORM_CALLS", "2000"))
 
 
 @pytest.fixture(params=sorted(TARGETS))
@@ -62,7 +64,9 @@ class Storm:
         self.live: dict[str, dict[Att, list[str]]] = {n: {} for n in confs}
         self.forgotten: dict[str, set[Att]] = {n: set() for n in confs}  # leaked: only GC frees them
         self.counter = 0
-        self.stats = {"add": 0, "readd": 0, "takeover": 0, "del": 0, "del-old": 0, "gc": 0, "exhausted": 0}
+        self.every: dict[str, set[Att]] = {n: set() for n in confs}  # all ever added: the final DEL
+        self.stats = {"add": 0, "readd": 0, "takeover": 0, "del": 0, "del-old": 0, "gc": 0, "exhausted": 0,
+                      "check": 0, "check-gone": 0}
 
     def new_att(self) -> Att:
         self.counter += 1
@@ -91,6 +95,14 @@ class Storm:
             elif r < 0.66:
                 att = self.rnd.choice(live)
                 ops.append(("forget", net, att, None))
+            elif r < 0.74:
+                att = self.rnd.choice(live)
+                ops.append(("check", net, att, None))
+            elif r < 0.77 and self.every[net] - set(self.live[net]):
+                att = self.rnd.choice(sorted(self.every[net] - set(self.live[net]), key=lambda a: a.cid))
+                if att.pod in busy:
+                    continue
+                ops.append(("check-gone", net, att, None))
             else:
                 att = self.rnd.choice(live)
                 ops.append(("del", net, att, None))
@@ -98,8 +110,11 @@ class Storm:
         return ops
 
 
+COMMAND = {"del": "DEL", "del-old": "DEL", "check": "CHECK", "check-gone": "CHECK"}
+
+
 def _call(op: str, conf: dict[str, Any], att: Att) -> tuple[int, Any]:
-    return run_inline(att.env("DEL" if op in ("del", "del-old") else "ADD"), conf)
+    return run_inline(att.env(COMMAND.get(op, "ADD")), conf)
 
 
 def _gc(conf: dict[str, Any], valid: list[dict[str, str]]) -> tuple[int, Any]:
@@ -107,7 +122,7 @@ def _gc(conf: dict[str, Any], valid: list[dict[str, str]]) -> tuple[int, Any]:
     return run_inline(env, {**conf, "cni.dev/valid-attachments": valid})
 
 
-def test_seeded_storm_of_1000_calls(target: Target, tmp_path: Path) -> None:
+def test_seeded_storm_then_del_of_everything(target: Target, tmp_path: Path) -> None:
     rnd = random.Random(SEED)
     confs = {
         "netA": base_conf("netA", target.ipam, tmp_path, range="198.18.1.0/26", exclude=["198.18.1.48/29"]),
@@ -124,7 +139,7 @@ def test_seeded_storm_of_1000_calls(target: Target, tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("forkserver")
     try:
         with ProcessPoolExecutor(8, mp_context=ctx) as pool:
-            while calls < 1000:
+            while calls < CALLS:
                 if rnd.random() < 0.12:
                     net = rnd.choice(sorted(confs))
                     valid = [{"containerID": a.cid, "ifname": a.ifname} for a in storm.live[net]]
@@ -150,15 +165,38 @@ def test_seeded_storm_of_1000_calls(target: Target, tmp_path: Path) -> None:
                 assert {k: sorted(v) for k, v in owners.items()} == expected, (
                     f"seed {SEED}, after {calls} calls"
                 )
+            calls += del_everything(storm, pool)
+        problems, owners = check(store, confs.values())
+        assert not problems and owners == {}, f"seed {SEED}: after DEL of all: {problems[:10]} {owners}"
+        orphans = [r.name for r in store.iter_reservations()]
+        orphans += [f"{p.name}/{k}" for p in store.iter_pools() for k in p.allocations]
+        assert orphans == [], f"seed {SEED}: orphans after DEL of everything: {orphans[:10]}"
     finally:
         store.close()
     print(f"storm seed {SEED}: {calls} calls, {storm.stats}")
+    scale = CALLS / 1000
     assert (
-        storm.stats["gc"] > 10
-        and storm.stats["exhausted"] > 10
-        and storm.stats["takeover"] > 20
-        and storm.stats["del"] > 100
-    )
+        storm.stats["gc"] > 10 * scale
+        and storm.stats["exhausted"] > 10 * scale
+        and storm.stats["takeover"] > 20 * scale
+        and storm.stats["del"] > 100 * scale
+        and storm.stats["check"] > 20 * scale
+        and storm.stats["check-gone"] > 5 * scale
+    ), storm.stats
+
+
+def del_everything(storm: Storm, pool: ProcessPoolExecutor) -> int:
+    """The runtime DELs every attachment it ever added (live, forgotten or already deleted), 16 at a
+    time, in parallel."""
+    todo = [(net, att) for net in sorted(storm.every)
+            for att in sorted(storm.every[net], key=lambda a: a.cid)]
+    for i in range(0, len(todo), 16):
+        chunk = todo[i:i + 16]
+        futures = [pool.submit(_call, "del", storm.confs[net], att) for net, att in chunk]
+        for (net, att), fut in zip(chunk, futures, strict=True):
+            rc, out = fut.result()
+            assert rc == 0, (net, att, out)
+    return len(todo)
 
 
 def apply_batch(storm: Storm, pool: ProcessPoolExecutor) -> int:
@@ -172,9 +210,18 @@ def apply_batch(storm: Storm, pool: ProcessPoolExecutor) -> int:
     for (op, net, att, old), fut in zip(runnable, futures, strict=True):
         rc, out = fut.result()
         storm.stats[op] += 1
+        if op != "check-gone" and not op.startswith("del"):
+            storm.every[net].add(att)
         if op == "del":
             assert rc == 0, out
             del storm.live[net][att]
+        elif op == "check":
+            assert rc == 0, (att, out)
+        elif op == "check-gone":  # forgotten and not yet GC'd: still held; deleted or taken over: not
+            if att in storm.forgotten[net]:
+                assert rc == 0, (att, out)
+            else:
+                assert rc == 1 and out["code"] == 105, (att, out)
         elif rc != 0:
             assert out["code"] == 100 and op == "add", (op, out)
             storm.stats["exhausted"] += 1

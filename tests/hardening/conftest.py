@@ -1,0 +1,30 @@
+"""Hardening suite: hypothesis profiles (`ci`: bounded, the default; `fuzz`: the long run of
+`make fuzz`), selected with PYCNI_FUZZ_PROFILE, and a shared tally of what was fuzzed, injected and
+stormed that is printed at the end of the session."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+_COMMON = {
+    "deadline": None,  # a loaded 2-core machine: no per-example wall-clock limit
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large,
+                              HealthCheck.function_scoped_fixture],
+    "derandomize": False,
+    "print_blob": True,
+}
+settings.register_profile("ci", max_examples=int(os.environ.get("PYCNI_FUZZ_EXAMPLES", "150")), **_COMMON)
+settings.register_profile("fuzz", max_examples=int(os.environ.get("PYCNI_FUZZ_EXAMPLES", "5000")), **_COMMON)
+settings.load_profile(os.environ.get("PYCNI_FUZZ_PROFILE", "ci"))
+
+TALLY: Counter[str] = Counter()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if TALLY:
+        text = ", ".join(f"{k}={v}" for k, v in sorted(TALLY.items()))
+        terminalreporter.write_line(f"hardening tally: {text}")

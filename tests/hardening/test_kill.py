@@ -1,0 +1,83 @@
+"""SIGKILL at every step of ADD, then DEL: nothing remains (issue 7, "Faults").
+
+Each plugin runs as a real process with PYCNI_TEST_FAULTS=<step>! (cni/faults.py), which kills it
+at that step: no rollback runs. Then the runtime's DEL (no fault) must succeed and leave no link in
+the pod, no changed host link, no device record or lock file, no changed VF setting (sriov, fake
+sysfs and recording VF seam) and no allocation or reservation; and the next ADD and DEL succeed."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from cni import jsonio
+from tests.hardening.conftest import TALLY
+from tests.hardening.fuzzlab import FuzzLab, run_process
+
+pytestmark = pytest.mark.root  # namespaces, links, mounts
+
+DEVICE_STEPS = ["snapshot", "move-temp", "move-pod", "alias", "rename", "ipam", "configure", "record",
+                "result"]
+STEPS = {
+    "macvlan": ["link", "rename", "ipam", "configure", "result"],
+    "host-device": DEVICE_STEPS,
+    "sriov": ["vf-vlan", "vf-mac", "vf-spoofchk", *DEVICE_STEPS[:4], "mac", *DEVICE_STEPS[4:]],
+    "whereabouts": ["store-commit", "result"],
+}
+# Steps where the device sits in the plugin's anonymous temporary namespace: the kill destroys that
+# namespace, which sends a physical device back to the initial namespace (DEL finds it there by its
+# marker, bus device or permanent MAC) but destroys a virtual one, such as the veth stand-ins here.
+IN_TEMP_NS = {"move-temp", "alias", "rename", "mac"}
+CASES = [(plugin, step) for plugin, steps in STEPS.items() for step in steps]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzLab]:
+    made = FuzzLab(tmp_path_factory.mktemp("kill"))
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.mark.parametrize(("plugin", "step"), CASES, ids=[f"{p}-{s}" for p, s in CASES])
+def test_sigkill_at_step_then_del(lab: FuzzLab, plugin: str, step: str) -> None:
+    conf = lab.conf(plugin, cniVersion="1.0.0")
+    if plugin == "whereabouts":
+        conf["ipam"]["ipRanges"] = [{"range": "2001:db8:4::/120"}]  # two ranges: killed between them too
+    stdin = jsonio.dumps(conf)
+    env = lab.env("ADD", CNI_CONTAINERID=f"kill-{plugin}-{step}")
+    killed = run_process(lab, plugin, {**env, "PYCNI_TEST_FAULTS": f"{step}!"}, stdin)
+    assert killed.rc == -signal.SIGKILL, f"step {step} not reached: rc {killed.rc}, {killed.raw!r}"
+    TALLY["faults injected (SIGKILL)"] += 1
+    assert killed.out is None  # nothing printed: the runtime sees a crashed plugin
+    gone = run_process(lab, plugin, {**env, "CNI_COMMAND": "DEL"}, stdin)
+    assert gone.rc == 0, gone.raw
+    if plugin in ("host-device", "sriov") and step in IN_TEMP_NS:
+        died = lab.restore_standins()
+        assert died, f"the stand-in device should have died with the temporary namespace at {step}"
+    left = lab.leftovers()
+    if left:
+        lab.reset()
+    assert not left, f"after SIGKILL at {step} and DEL: {left}"
+    again = run_process(lab, plugin, env, stdin)  # the next call after recovery succeeds
+    assert again.rc == 0, again.raw
+    assert run_process(lab, plugin, {**env, "CNI_COMMAND": "DEL"}, stdin).rc == 0
+    assert lab.leftovers() == []
+
+
+def test_add_again_after_a_kill_before_the_rename(lab: FuzzLab) -> None:
+    """The runtime may retry ADD instead of DEL: the link a killed ADD left under the attachment's
+    temporary name is removed, not a cause of EEXIST."""
+    stdin = jsonio.dumps(lab.conf("macvlan"))
+    env = lab.env("ADD", CNI_CONTAINERID="kill-readd")
+    assert run_process(lab, "macvlan", {**env, "PYCNI_TEST_FAULTS": "link!"}, stdin).rc == -signal.SIGKILL
+    TALLY["faults injected (SIGKILL)"] += 1
+    assert len(lab.pod_links()) == 1
+    again = run_process(lab, "macvlan", env, stdin)
+    assert again.rc == 0, again.raw
+    assert lab.pod_links() == ["net1"]
+    assert run_process(lab, "macvlan", {**env, "CNI_COMMAND": "DEL"}, stdin).rc == 0
+    assert lab.leftovers() == []

@@ -1,0 +1,61 @@
+"""One fixed case per defect the fuzz and fault runs found (each was code 999 or a leak before)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from cni import jsonio
+from tests.hardening.fuzzlab import FuzzLab
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzLab]:
+    made = FuzzLab(tmp_path_factory.mktemp("regressions"))
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def error(lab: FuzzLab, plugin: str, env: dict[str, str], conf: dict[str, object]) -> tuple[int, str]:
+    got = lab.call(plugin, env, jsonio.dumps(conf))
+    assert got.rc == 1, got.raw
+    assert lab.leftovers() == []
+    return got.error()
+
+
+def test_cni_args_not_utf8_is_code_4(lab: FuzzLab) -> None:
+    """Was 999: SQLite could not encode the pod name."""
+    env = lab.env("ADD", CNI_ARGS="K8S_POD_NAMESPACE=a;K8S_POD_NAME=\udcff\udcfe")
+    code, msg = error(lab, "whereabouts", env, lab.conf("whereabouts"))
+    assert code == 4 and "CNI_ARGS" in msg and "K8S_POD_NAME" in msg
+
+
+@pytest.mark.parametrize("var", ["CNI_NETNS", "CNI_CONTAINERID", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH"])
+def test_nul_byte_in_env_is_code_4(lab: FuzzLab, var: str) -> None:
+    """Was 999 ("embedded null byte"): impossible through exec, possible for an in-process caller."""
+    env = lab.env("ADD")
+    env[var] = env[var][:3] + "\x00" + env[var][3:]
+    code, msg = error(lab, "sriov", env, lab.conf("sriov"))
+    assert code == 4 and var in msg and "NUL" in msg
+
+
+@pytest.mark.parametrize(("plugin", "field"), [("macvlan", "master"), ("host-device", "device")])
+def test_huge_interface_name_is_code_7(lab: FuzzLab, plugin: str, field: str) -> None:
+    """Was 999: a 64 KiB name overflowed the netlink attribute length."""
+    for name in ("x" * 65531, "x" * 16, "a/b"):
+        code, msg = error(lab, plugin, lab.env("ADD"), lab.conf(plugin, **{field: name}))
+        assert code == 7 and msg.startswith(f"{field}: "), msg
+
+
+def test_device_gc_keeps_the_failure_code(lab: FuzzLab) -> None:
+    """Was 999 for any GC failure: a bad ipam section is code 7."""
+    conf = lab.conf("host-device", cniVersion="1.1.0")
+    conf["ipam"]["type"] = "nosuchipam"
+    conf["cni.dev/valid-attachments"] = []
+    code, msg = error(lab, "host-device", lab.env("GC"), conf)
+    assert code == 7 and "nosuchipam" in msg
