@@ -201,7 +201,7 @@ class Emulator:
         self.requests = 0
         self.lock = threading.Lock()
         self._rv = itertools.count(1000)
-        self._faults: list[str] = []
+        self._faults: list[tuple[str, str]] = []  # (kind, only requests whose path has this part)
         self.stall = 5.0  # seconds a "timeout" fault holds the request
         self.pki = tls
         handler = type("Handler", (_Handler,), {"emu": self})
@@ -226,10 +226,15 @@ class Emulator:
 
     # ---- test controls ----------------------------------------------------------------------------
 
-    def fail(self, kind: str, n: int = 1) -> None:
+    def fail(self, kind: str, n: int = 1, resource: str = "") -> None:
+        """The next n requests (for `resource` only, when given) fail this way."""
         assert kind in ("500", "503", "409", "timeout", "reset"), kind
         with self.lock:
-            self._faults.extend([kind] * n)
+            self._faults.extend([(kind, resource)] * n)
+
+    def clear_faults(self) -> None:
+        with self.lock:
+            self._faults.clear()
 
     def set_pod(self, namespace: str, name: str, uid: str = "") -> None:
         with self.lock:
@@ -287,9 +292,14 @@ class Emulator:
 
     # ---- serving ----------------------------------------------------------------------------------
 
-    def _next_fault(self) -> str:
+    def _next_fault(self, path: str) -> str:
+        parts = urlsplit(path).path.split("/")
         with self.lock:
-            return self._faults.pop(0) if self._faults else ""
+            for i, (kind, resource) in enumerate(self._faults):
+                if not resource or resource in parts:
+                    del self._faults[i]
+                    return kind
+        return ""
 
     def _record(self, who: str, verb: str, group: str, resource: str, allowed: bool) -> None:
         key = (who, verb, group, resource)
@@ -546,7 +556,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        fault = self.emu._next_fault()
+        fault = self.emu._next_fault(self.path)
         if fault == "reset":
             self.close_connection = True
             with _quiet():
