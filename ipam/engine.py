@@ -140,6 +140,8 @@ class Engine:
 
     def _claim(self, rng: IPRange, decision: allocator.Decision, owner: Allocation, claims: _Claims) -> None:
         name = self.reservation_name(rng, decision.offset)
+        if claims.mine.get(name) == decision.offset:
+            return  # created by this call (a lost pool commit leaves it ours): no need to read it again
         res = self.store.get_reservation(name)
         if res is None:
             try:

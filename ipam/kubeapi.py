@@ -3,14 +3,16 @@ client's REST layer (`kubernetes.client.rest.RESTClientObject` with its `Configu
 as the kubeconfig says). Shared by the CRD store (ipam.store.kube) and the pod source (ipam.kubepods).
 
 Import cost is latency (every CNI call is a fresh process): `import kubernetes` runs the package
-__init__, which loads every API model, the dynamic client, watch, stream and leader election (~270 ms
-here). As cni.netlink.codec does for pyroute2, `kubernetes`, `kubernetes.client`, `kubernetes.config`
-and `kubernetes.utils` are registered as bare packages (their real search path, no __init__ run) and
-only `kubernetes.client.rest` and `kubernetes.client.configuration` are imported: ~90 ms, most of it
-urllib3 (measured with `python -X importtime`; see the README). A process that imported the whole
-package first simply uses it. The kubeconfig is read here (JSON, else YAML via PyYAML, which the
-client depends on), not with `kubernetes.config.kube_config`, which pulls in requests, oauthlib and
-every model (~350 ms); exec credential plugins run through the client's own `ExecProvider`.
+__init__, which loads every API model, the dynamic client, watch, stream and leader election (270-290
+ms on the 2-core build machine). As cni.netlink.codec does for pyroute2, `kubernetes`,
+`kubernetes.client`, `kubernetes.config` and `kubernetes.utils` are registered as bare packages (their
+real search path, no __init__ run) and only `kubernetes.client.rest` and
+`kubernetes.client.configuration` are imported: ~90 ms, most of it urllib3 (`python -X importtime`;
+see the README; under load: 170 ms against 600 ms for `kubernetes.config.kube_config`). A process
+that imported the whole package first simply uses it. The kubeconfig is read here (JSON, else YAML
+via PyYAML, which the client depends on), not with `kubernetes.config.kube_config`, which pulls in
+requests, oauthlib and every model; exec credential plugins run through the client's own
+`ExecProvider`.
 
 Kubeconfig: the current context's cluster, user and namespace (upstream whereabouts' rule: the
 context namespace, `kube-system` when empty). Cluster: `server`, `certificate-authority(-data)`,

@@ -28,11 +28,13 @@ from ipam.store.base import Conflict, Pool, PoolUpdate, Reservation, StoreUnavai
 
 VERSION = "v1alpha1"
 POOLS, RESERVATIONS = "ippools", "overlappingrangeipreservations"
-PAGE = 100  # objects per list request
+# objects per list request: a pool can be ~1.5 MB (the API server's object limit), a reservation ~1 KB
+PAGES = {"ippools": 20, "overlappingrangeipreservations": 500}
 
 
 class KubeStore:
-    def __init__(self, client: Client, namespace: str, role: str | None = None, page: int = PAGE) -> None:
+    def __init__(self, client: Client, namespace: str, role: str | None = None, page: int = 0) -> None:
+        """`page`: objects per list request for every kind (0: PAGES)."""
         self.client, self.namespace, self.page = client, namespace, page
         self.role = role or rbac.acting()
         # the last object read or written per pool: (pool, metadata) at pool.version
@@ -71,7 +73,8 @@ class KubeStore:
     def _list(self, resource: str) -> Iterator[dict[str, Any]]:
         token = ""
         while True:
-            doc = self._call("list", resource, query={"limit": self.page, "continue": token})
+            limit = self.page or PAGES[resource]
+            doc = self._call("list", resource, query={"limit": limit, "continue": token})
             if doc is None:
                 raise StoreUnavailable(
                     f"kubernetes: list {resource}: not served (are the whereabouts CRDs installed?)"

@@ -193,7 +193,7 @@ def test_server_errors_are_unavailable_and_the_next_call_works(
 
 
 def test_a_hanging_server_times_out_within_the_bound(emu: Emulator, node_kubeconfig: Path) -> None:
-    emu.stall = 3.0
+    emu.stall = 30.0  # far past the client timeout: the answer must not wait for it
     conf = load_kubeconfig(str(node_kubeconfig))
     store = KubeStore(Client(conf, timeout=(1.0, 0.5)), conf.namespace, rbac.NODE)
     try:
@@ -201,7 +201,7 @@ def test_a_hanging_server_times_out_within_the_bound(emu: Emulator, node_kubecon
         t = time.monotonic()
         with pytest.raises(StoreUnavailable, match=r"(?i)timed out"):
             store.get_pool(POOL)
-        assert time.monotonic() - t < 2.5
+        assert time.monotonic() - t < 15  # bounded by the 0.5 s read timeout (generous: shared CI machine)
     finally:
         store.close()
 
