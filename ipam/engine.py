@@ -150,7 +150,7 @@ class Engine:
     ) -> allocator.Decision:
         """After two lost races, a random one of the lowest free candidates (a window doubling per loss,
         up to SPREAD) instead of the lowest: many writers starting together stop queueing for the same
-        address one by one. (One loss is normal: an overlapping range's pool holds the address.)
+        address one by one. (Addresses held by other networks' overlapping ranges are no lost race.)
         Only on stores without exclusive() (those serialise writers instead)."""
         if getattr(self.store, "exclusive", None) is not None:
             return decision
@@ -181,7 +181,8 @@ class Engine:
                 claims.created[name] = version
         elif decision.kind == "new":
             claims.blocked.add(decision.offset)
-            claims.lost += 1
+            if res.owner.network == owner.network:  # a race on this pool, not an overlapping range's claim
+                claims.lost += 1
             raise Again()
         else:
             log.error(
