@@ -120,8 +120,11 @@ class Engine:
 
     def _add_once(self, rng: IPRange, owner: Allocation, claims: _Claims) -> int:
         view = self._view(rng)
+        # stores that serialise writers (exclusive()) never lose races: no spread there
+        spread = 1 if getattr(self.store, "exclusive", None) is not None else claims.spread()
         decision = allocator.allocate(
-            rng, view, owner, frozenset(claims.blocked), sorted(claims.mine.values()), claims.spread()
+            rng, view, owner, frozenset(claims.blocked), sorted(claims.mine.values()), spread,
+            pick=lambda n: int(self.retry.rand() * n),
         )
         if self.conf.overlapping:
             self._claim(rng, decision, owner, claims)

@@ -96,6 +96,15 @@ def test_tls_refusals_are_try_again(
     store.close()
 
 
+def test_credentials_for_an_etcd_without_auth_are_not_needed(tls_etcd: Etcd, tmp_path: Path) -> None:
+    """As etcd's Go client does: "authentication is not enabled" means carry on without a token."""
+    store = store_of(tls_etcd, tmp_path, etcd_username="ipam", etcd_password="unused-password")
+    store.ping()
+    store.put_reservation(Reservation("198.51.100.200", LIVE))
+    store.close()
+    assert not (tmp_path / "state").exists() or not token_files(tmp_path)
+
+
 def test_tls_files_that_cannot_be_loaded_are_config_errors(tls_etcd: Etcd, tmp_path: Path) -> None:
     for change, field in (
         ({"etcd_ca_cert_file": str(tmp_path / "missing.crt")}, "etcd_ca_cert_file"),

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Iterator
 
 from ipam.config import from_dict
-from ipam.engine import SPREAD, Engine
+from ipam.engine import SPREAD_MAX as SPREAD, Engine
 from ipam.retry import Retry
 from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation
 from ipam.store.memory import MemoryStore
@@ -21,10 +21,13 @@ class Exclusive(MemoryStore):
         yield
 
 
-def add_with_claims_in_flight(store: MemoryStore, held: int, rand: float, *more: float) -> str:
-    """`held` lowest addresses claimed by other writers that have not committed their pool yet."""
+def add_with_claims_in_flight(
+    store: MemoryStore, held: int, rand: float, *more: float, network: str = "netA"
+) -> str:
+    """`held` lowest addresses claimed by other writers (of `network`) not yet in the pool."""
     for i in range(1, held + 1):
-        store.put_reservation(Reservation(f"198.51.100.{i}", Allocation(f"other{i}", f"ns/o{i}", "net1")))
+        other = Allocation(f"other{i}", f"ns/o{i}", "net1", "", network)
+        store.put_reservation(Reservation(f"198.51.100.{i}", other))
     rands = iter([rand, *more])
     engine = Engine(store, from_dict({"range": "198.51.100.0/24"}), Retry(rand=lambda: next(rands, rand)))
     [(rng, offset)] = engine.add(A)
@@ -40,6 +43,11 @@ def test_two_lost_races_spread_over_a_window_that_doubles() -> None:
     assert add_with_claims_in_flight(MemoryStore(), 2, 0.99) == "198.51.100.4"  # window 2 after 2 losses
     last = int(add_with_claims_in_flight(MemoryStore(), 100, 0.99).rsplit(".", 1)[1])
     assert 101 <= last <= 100 + SPREAD  # past the claims, never further than the widest window
+
+
+def test_addresses_of_other_networks_are_no_lost_race() -> None:
+    """An overlapping range of another network holds them: walk past them to the lowest free one."""
+    assert add_with_claims_in_flight(MemoryStore(), 5, 0.99, network="netB") == "198.51.100.6"
 
 
 def test_stores_that_serialise_writers_never_spread() -> None:
