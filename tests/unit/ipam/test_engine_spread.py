@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Iterator
 
 from ipam.config import from_dict
-from ipam.engine import SPREAD_MAX as SPREAD, Engine
+from ipam.engine import SPREAD_MAX, Engine
 from ipam.retry import Retry
 from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation
 from ipam.store.memory import MemoryStore
@@ -42,7 +42,7 @@ def test_two_lost_races_spread_over_a_window_that_doubles() -> None:
     assert add_with_claims_in_flight(MemoryStore(), 2, 0.0) == "198.51.100.3"  # the window's first
     assert add_with_claims_in_flight(MemoryStore(), 2, 0.99) == "198.51.100.4"  # window 2 after 2 losses
     last = int(add_with_claims_in_flight(MemoryStore(), 100, 0.99).rsplit(".", 1)[1])
-    assert 101 <= last <= 100 + SPREAD  # past the claims, never further than the widest window
+    assert 101 <= last <= 100 + SPREAD_MAX  # past the claims, never further than the widest window
 
 
 def test_addresses_of_other_networks_are_no_lost_race() -> None:
