@@ -56,13 +56,10 @@ def owner(req: Request) -> Allocation:
 
 @contextlib.contextmanager
 def engine(conf: IpamConfig) -> Iterator[Engine]:
-    from ipam.store.select import open_store
+    from ipam.store.handles import store_for
 
-    store = open_store(conf.store)
-    try:
+    with store_for(conf.store) as store:
         yield Engine(store, conf)
-    finally:
-        store.close()
 
 
 def result(conf: IpamConfig, got: list[tuple[IPRange, int]]) -> Result:

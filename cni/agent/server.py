@@ -249,6 +249,9 @@ def warm() -> None:
             importlib.import_module(name)
     from cni.netlink import addrs, links, routes
     from cni.netlink.socket import opened
+    from ipam.store.handles import keep_warm
+
+    keep_warm()  # cluster store connections outlive a request (ipam.store.handles)
 
     with contextlib.suppress(OSError), opened(None) as nl:
         links.dump(nl)

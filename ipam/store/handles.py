@@ -1,0 +1,90 @@
+"""Store handles for one IPAM call: opened fresh in a plugin process, kept warm in the agent.
+
+A plugin process opens its store, uses it for one call and closes it. The node-local agent (cni.agent)
+serves many calls: for the cluster stores (Kubernetes, etcd) it keeps idle handles, so a call reuses
+an open TLS connection, a loaded kubeconfig and an etcd auth token instead of paying for them again.
+A handle is used by one call (one thread) at a time, as ipam.store.base requires; one that saw an
+error, or has been idle or alive too long (a rewritten kubeconfig, rotated certificates), is closed
+instead of kept. The local store is always opened per call: SQLite connections belong to a thread,
+and opening one costs little."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+from ipam.config import StoreConfig
+from ipam.store.base import Store
+
+WARM_STORES = ("kubernetes", "etcd")
+MAX_IDLE = 8  # per configuration
+IDLE_SECONDS = 60.0
+MAX_AGE_SECONDS = 300.0
+
+
+class _Cache:
+    enabled = False
+    lock = threading.Lock()
+    idle: dict[StoreConfig, list[tuple[float, float, Store]]] = {}  # conf -> [(opened, last used, handle)]
+
+
+def keep_warm(enabled: bool = True) -> None:
+    """The agent calls this once at start-up; plugin processes never do."""
+    _Cache.enabled = enabled
+    if not enabled:
+        clear()
+
+
+def clear() -> None:
+    with _Cache.lock:
+        handles = [h for entries in _Cache.idle.values() for _, _, h in entries]
+        _Cache.idle.clear()
+    for h in handles:
+        with contextlib.suppress(Exception):
+            h.close()
+
+
+def _take(conf: StoreConfig) -> tuple[float, Store] | None:
+    now = time.monotonic()
+    stale: list[Store] = []
+    found = None
+    with _Cache.lock:
+        entries = _Cache.idle.get(conf, [])
+        while entries and found is None:
+            opened, used, handle = entries.pop()
+            if now - used > IDLE_SECONDS or now - opened > MAX_AGE_SECONDS:
+                stale.append(handle)
+            else:
+                found = (opened, handle)
+    for h in stale:
+        with contextlib.suppress(Exception):
+            h.close()
+    return found
+
+
+def _give_back(conf: StoreConfig, opened: float, handle: Store) -> bool:
+    with _Cache.lock:
+        entries = _Cache.idle.setdefault(conf, [])
+        if len(entries) >= MAX_IDLE:
+            return False
+        entries.append((opened, time.monotonic(), handle))
+        return True
+
+
+@contextlib.contextmanager
+def store_for(conf: StoreConfig) -> Iterator[Store]:
+    """A store handle for one call; closed afterwards unless the agent keeps it warm."""
+    from ipam.store.select import open_store
+
+    warm = _Cache.enabled and conf.datastore in WARM_STORES
+    taken = _take(conf) if warm else None
+    opened, store = taken if taken else (time.monotonic(), open_store(conf))
+    ok = False
+    try:
+        yield store
+        ok = True
+    finally:
+        if not (warm and ok and _give_back(conf, opened, store)):
+            store.close()
