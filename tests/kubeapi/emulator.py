@@ -201,7 +201,7 @@ class Emulator:
         self.requests = 0
         self.lock = threading.Lock()
         self._rv = itertools.count(1000)
-        self._faults: list[tuple[str, str]] = []  # (kind, only requests whose path has this part)
+        self._faults: list[tuple[str, str, str]] = []  # (kind, path part, method): "" matches any
         self.stall = 5.0  # seconds a "timeout" fault holds the request
         self.pki = tls
         handler = type("Handler", (_Handler,), {"emu": self})
@@ -226,11 +226,11 @@ class Emulator:
 
     # ---- test controls ----------------------------------------------------------------------------
 
-    def fail(self, kind: str, n: int = 1, resource: str = "") -> None:
-        """The next n requests (for `resource` only, when given) fail this way."""
+    def fail(self, kind: str, n: int = 1, resource: str = "", method: str = "") -> None:
+        """The next n requests (for `resource` and of `method` only, when given) fail this way."""
         assert kind in ("500", "503", "409", "timeout", "reset"), kind
         with self.lock:
-            self._faults.extend([(kind, resource)] * n)
+            self._faults.extend([(kind, resource, method)] * n)
 
     def clear_faults(self) -> None:
         with self.lock:
@@ -292,11 +292,11 @@ class Emulator:
 
     # ---- serving ----------------------------------------------------------------------------------
 
-    def _next_fault(self, path: str) -> str:
+    def _next_fault(self, method: str, path: str) -> str:
         parts = urlsplit(path).path.split("/")
         with self.lock:
-            for i, (kind, resource) in enumerate(self._faults):
-                if not resource or resource in parts:
+            for i, (kind, resource, only) in enumerate(self._faults):
+                if (not resource or resource in parts) and (not only or only == method):
                     del self._faults[i]
                     return kind
         return ""
@@ -556,7 +556,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        fault = self.emu._next_fault(self.path)
+        fault = self.emu._next_fault(self.command, self.path)
         if fault == "reset":
             self.close_connection = True
             with _quiet():

@@ -133,6 +133,47 @@ def test_status_ok_and_recovery_after_injected_errors(
     assert rc == 0 and ips(out) == ["198.51.100.2/29"]
 
 
+def test_a_long_409_storm_on_the_pool_is_ridden_out(
+    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
+) -> None:
+    conf = conf_for(node_kubeconfig, tmp_path, range="198.51.100.0/29")
+    emu.fail("409", 40, resource="ippools", method="POST")  # the pool's creation conflicts, 40 times
+    rc, out = call("ADD", conf, P1)
+    assert rc == 0 and ips(out) == ["198.51.100.1/29"], out
+    store = open_kube(node_kubeconfig)
+    try:
+        pool = store.get_pool("198.51.100.0-29")
+        assert pool is not None and set(pool.allocations) == {"1"}
+        assert [r.name for r in store.iter_reservations()] == ["198.51.100.1"]
+    finally:
+        store.close()
+
+
+def test_pool_outage_after_the_reservation_leaves_nothing_half_written(
+    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
+) -> None:
+    """The reservation is created, then every pool request fails: code 11, the reservation this call
+    made is taken back, and the next call after recovery succeeds with the same address."""
+    conf = conf_for(node_kubeconfig, tmp_path, range="198.51.100.0/29")
+    emu.fail("500", 1000, resource="ippools", method="POST")  # the pool's creation, after the claim
+    t = time.monotonic()
+    rc, out = call("ADD", conf, P1)
+    assert rc == 1 and out["code"] == Code.TRY_AGAIN_LATER, out
+    assert time.monotonic() - t < 60
+    verbs = {verb for _, verb, _, resource in emu.calls if resource == "overlappingrangeipreservations"}
+    assert {"create", "delete"} <= verbs  # it did claim the address, and took the claim back
+    emu.clear_faults()
+    store = open_kube(node_kubeconfig)
+    try:
+        assert list(store.iter_reservations()) == []
+        pool = store.get_pool("198.51.100.0-29")
+        assert pool is None or not pool.allocations
+        rc, out = call("ADD", conf, P1)
+        assert rc == 0 and ips(out) == ["198.51.100.1/29"], out
+    finally:
+        store.close()
+
+
 # ---- reconciler, pod source, CLI ------------------------------------------------------------------
 
 
