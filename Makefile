@@ -63,4 +63,4 @@ bench-bundle: deps venv driver bundle
 	$(PY) -m tests.bench.bundle
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache .hypothesis
