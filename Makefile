@@ -69,4 +69,4 @@ bench-warm: deps venv driver bundle
 	$(PY) -m tests.bench.warm $(if $(N),-n $(N))
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -128,6 +128,7 @@ class Engine:
         )
         if self.conf.overlapping:
             self._claim(rng, decision, owner, claims)
+            faults.point("store-reserve")  # tests: the address reserved, the pool not yet written
         if decision.update:
             self._commit(view, decision.update)
             faults.point("store-commit")  # tests: inside the store transaction, before it ends

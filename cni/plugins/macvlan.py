@@ -8,6 +8,8 @@ from typing import Any
 from cni import delegate, faults, ifconfig, log, netns, skel
 from cni.errors import (
     CheckError,
+    CniError,
+    Code,
     ConfigError,
     InterfaceExistsError,
     NetnsError,
@@ -135,7 +137,7 @@ def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl
             return Result(interfaces=(iface,), dns=conf.dns)
         # pushed first: the spec asks for a DEL after a failed ADD too, and an IPAM that exited 0 with
         # output we cannot use may still hold an allocation
-        undo.push("release the IPAM allocation", delegate.delete, req)
+        undo.push("release the IPAM allocation", _release_after_failed_add, req)
         ipam_result = common.ipam_add(req)
         faults.point("ipam")
         # The config's dns replaces whatever the IPAM returned, even when empty, as in the reference
@@ -149,6 +151,17 @@ def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl
         "ADD %s/%s: macvlan on %s, %d address(es)", req.container_id, req.ifname, master.name, len(result.ips)
     )
     return result
+
+
+def _release_after_failed_add(req: Request) -> None:
+    """DEL to the IPAM after a failed ADD. An IPAM that refuses the configuration (code 7) refused it
+    on ADD as well and holds nothing: that is no incomplete rollback."""
+    try:
+        delegate.delete(req)
+    except CniError as e:
+        if e.code != Code.INVALID_CONFIG:
+            raise
+        log.debug("IPAM DEL after the failed ADD: %s", e)
 
 
 def temp_name(req: Request) -> str:

@@ -14,10 +14,12 @@ _COMMON = {
     "deadline": None,  # a loaded 2-core machine: no per-example wall-clock limit
     "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large,
                               HealthCheck.function_scoped_fixture],
-    "derandomize": False,
     "print_blob": True,
 }
-settings.register_profile("ci", max_examples=int(os.environ.get("PYCNI_FUZZ_EXAMPLES", "150")), **_COMMON)
+# ci: the same cases on every run (a CI failure is always reproducible); fuzz: new random cases each run,
+# failures kept in .hypothesis/ and replayed first next time.
+settings.register_profile("ci", max_examples=int(os.environ.get("PYCNI_FUZZ_EXAMPLES", "150")),
+                          derandomize=True, database=None, **_COMMON)
 settings.register_profile("fuzz", max_examples=int(os.environ.get("PYCNI_FUZZ_EXAMPLES", "5000")), **_COMMON)
 settings.load_profile(os.environ.get("PYCNI_FUZZ_PROFILE", "ci"))
 

@@ -23,6 +23,7 @@ from cni.netlink import links
 from cni.netlink.socket import opened
 from ipam.store.base import Store
 from ipam.store.memory import Backend, MemoryStore
+from tests.concurrency.stores import Target
 from tests.devlab import VF_PCIS, Lab
 from tests.nsutil import REPO, Topology
 
@@ -44,6 +45,7 @@ class FuzzLab:
     tmp: Path
     store: str = "local"  # "local" (SQLite file) or "memory" (one shared backend, in-process only)
     topo: Topology = field(default_factory=Topology)
+    target: Target | None = None  # a tests/concurrency/stores.py target: its ipam keys and store
 
     def __post_init__(self) -> None:
         self.lab = Lab(self.topo, self.tmp)
@@ -71,8 +73,10 @@ class FuzzLab:
     # ---- configurations and environments -----------------------------------------------------------
 
     def ipam(self, **extra: Any) -> dict[str, Any]:
+        store = self.target.ipam if self.target is not None else {"local_db": str(self.db),
+                                                                    "etcd_password": SECRET}
         return {"type": "whereabouts", "range": "198.18.4.0/28", "configuration_path": str(self.flat),
-                "local_db": str(self.db), "log_level": "debug", "etcd_password": SECRET, **extra}
+                "log_level": "debug", **store, **extra}
 
     def conf(self, plugin: str, **extra: Any) -> dict[str, Any]:
         """A valid configuration of `plugin` in this lab (ADD succeeds with it)."""
@@ -137,6 +141,8 @@ class FuzzLab:
             yield
 
     def open_store(self) -> Store:
+        if self.target is not None:
+            return self.target.open()
         if self.store == "memory":
             return MemoryStore(self.backend)
         from ipam.store.local import LocalStore

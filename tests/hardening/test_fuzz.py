@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,7 @@ def case(request: pytest.FixtureRequest, labs: dict[str, FuzzLab]) -> tuple[str,
 
 
 def judge(lab: FuzzLab, plugin: str, env: dict[str, str], stdin: bytes, got: Outcome,
-          fields: list[str] = (), variables: list[str] = ()) -> None:  # type: ignore[assignment]
+          fields: Sequence[str] = (), variables: Sequence[str] = ()) -> None:
     """The properties every answer has; then nothing may be left behind."""
     command = env.get("CNI_COMMAND", "")
     TALLY[f"fuzzed {plugin}"] += 1

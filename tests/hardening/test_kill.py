@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from cni import jsonio
+from tests.concurrency.stores import TARGETS
 from tests.hardening.conftest import TALLY
 from tests.hardening.fuzzlab import FuzzLab, run_process
 
@@ -24,13 +25,13 @@ STEPS = {
     "macvlan": ["link", "rename", "ipam", "configure", "result"],
     "host-device": DEVICE_STEPS,
     "sriov": ["vf-vlan", "vf-mac", "vf-spoofchk", *DEVICE_STEPS[:4], "mac", *DEVICE_STEPS[4:]],
-    "whereabouts": ["store-commit", "result"],
+    "whereabouts": ["store-reserve", "store-commit", "result"],
 }
 # Steps where the device sits in the plugin's anonymous temporary namespace: the kill destroys that
 # namespace, which sends a physical device back to the initial namespace (DEL finds it there by its
 # marker, bus device or permanent MAC) but destroys a virtual one, such as the veth stand-ins here.
 IN_TEMP_NS = {"move-temp", "alias", "rename", "mac"}
-CASES = [(plugin, step) for plugin, steps in STEPS.items() for step in steps]
+CASES = [(plugin, step) for plugin, steps in STEPS.items() if plugin != "whereabouts" for step in steps]
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +43,29 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzLab]:
         made.close()
 
 
+@pytest.fixture(scope="module", params=sorted(TARGETS))
+def store_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzLab]:
+    """The IPAM on each store target of tests/concurrency/stores.py (a store joins by its entry)."""
+    tmp = tmp_path_factory.mktemp(f"kill-{request.param}")
+    with TARGETS[request.param](tmp) as target:
+        made = FuzzLab(tmp, target=target)
+        try:
+            yield made
+        finally:
+            made.close()
+
+
+@pytest.mark.parametrize("step", STEPS["whereabouts"])
+def test_ipam_sigkill_at_step_then_del(store_lab: FuzzLab, step: str) -> None:
+    kill_then_del(store_lab, "whereabouts", step)
+
+
 @pytest.mark.parametrize(("plugin", "step"), CASES, ids=[f"{p}-{s}" for p, s in CASES])
 def test_sigkill_at_step_then_del(lab: FuzzLab, plugin: str, step: str) -> None:
+    kill_then_del(lab, plugin, step)
+
+
+def kill_then_del(lab: FuzzLab, plugin: str, step: str) -> None:
     conf = lab.conf(plugin, cniVersion="1.0.0")
     if plugin == "whereabouts":
         conf["ipam"]["ipRanges"] = [{"range": "2001:db8:4::/120"}]  # two ranges: killed between them too

@@ -59,3 +59,12 @@ def test_device_gc_keeps_the_failure_code(lab: FuzzLab) -> None:
     conf["cni.dev/valid-attachments"] = []
     code, msg = error(lab, "host-device", lab.env("GC"), conf)
     assert code == 7 and "nosuchipam" in msg
+
+
+def test_refused_ipam_config_is_no_incomplete_rollback(lab: FuzzLab) -> None:
+    """Was: code 7 whose details claimed 'rollback incomplete' (the IPAM refused its DEL as well)."""
+    conf = lab.conf("macvlan", ipam=lab.ipam(range="198.51.100.0/33"))
+    got = lab.call("macvlan", lab.env("ADD"), jsonio.dumps(conf))
+    assert got.rc == 1 and got.out["code"] == 7 and "ipam.range" in got.out["msg"], got.raw
+    assert "rollback incomplete" not in got.out["details"], got.raw
+    assert lab.leftovers() == []
