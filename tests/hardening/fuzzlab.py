@@ -115,15 +115,16 @@ class FuzzLab:
 
     def call(self, plugin: str, env: Mapping[str, str], stdin: bytes) -> Outcome:
         out = io.BytesIO()
-        saved = (log._State.level, log._State.fds, log._State.tag, log._State.file)
+        saved = log._STATE.get()
         self.calls += 1
         try:
             with netns.entered(self.host_fd), self._store():
                 rc = skel.run(plugin, env, io.BytesIO(stdin), out)
         finally:
-            if log._State.file is not None and log._State.file != saved[3]:
-                os.close(log._State.file[1])
-            log._State.level, log._State.fds, log._State.tag, log._State.file = saved
+            opened = log._STATE.get().file
+            if opened is not None and opened != saved.file:
+                os.close(opened[1])
+            log._STATE.set(saved)
         raw = out.getvalue()
         return Outcome(rc, jsonio.loads(raw) if raw.strip() else None, raw)
 
