@@ -161,7 +161,7 @@ def test_read_only_device_state_dir(tmp_path: Path, plugin: str) -> None:
                 got = run_process(lab, plugin, env, stdin)
                 TALLY["state-dir calls (read-only or full)"] += 1
                 assert time.monotonic() - start < BOUND
-                assert got.rc == 1 and str(state) in got.out["msg"], got.raw
+                assert got.rc == 1 and got.out["code"] == 5 and str(state) in got.out["msg"], got.raw
                 assert "read-only" in got.out["msg"].lower(), got.raw
                 assert lab.leftovers() == []
             finally:
