@@ -43,7 +43,11 @@ def add(req: Request, plugin: str, conf: DeviceConf, target: Target, hooks: Hook
                 target = replace(target, netdev=home)
             att = _snapshot(req, plugin, target, hooks)
             recs.claim(att)
-            recs.save(att)
+            try:
+                recs.save(att)
+            except BaseException:  # e.g. a container id too long for a file name: no stray owner
+                recs.unclaim(att)
+                raise
             with netns.temporary() as temp_fd, Undo() as undo:
                 undo.push("forget the attachment", _forget_unless_stranded, recs, att, undo)
                 if not att.userspace:

@@ -52,6 +52,8 @@ class FuzzLab:
         self.pod = self.topo.pod()
         self.host_fd = os.open(f"/run/netns/{self.topo.host}", os.O_RDONLY | os.O_CLOEXEC)
         self.db = self.tmp / "ipam-state" / "whereabouts.db"
+        self.default_db = self.tmp / "default-ipam" / "whereabouts.db"
+        self.default_state = self.tmp / "default-devices"
         self.flat = self.tmp / "whereabouts.conf"
         self.flat.write_text("{}")
         wrapper = self.lab.bin / "whereabouts"  # what a CNI_PATH holds; in-process it is only found
@@ -137,6 +139,9 @@ class FuzzLab:
 
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr("cni.delegate._in_process_module", lambda kind, binary: IN_PROCESS_IPAM.get(kind))
+            # a path field mutated to null or "" selects the default: the lab's stand-ins, never the node's
+            mp.setattr("ipam.config.DEFAULT_LOCAL_DB", str(self.default_db))
+            mp.setattr("cni.device.conf.DEFAULT_DIR", str(self.default_state))
             if self.store == "memory":
                 mp.setattr("ipam.store.select.open_store", lambda conf: MemoryStore(self.backend))
             yield
@@ -161,7 +166,15 @@ class FuzzLab:
             return sorted(link.name for link in links.dump(nl) if link.name != "lo")
 
     def allocations(self) -> list[str]:
-        store = self.open_store()
+        found = self._allocations(self.open_store())
+        if self.default_db.exists():
+            from ipam.store.local import LocalStore
+
+            found += [f"default store: {x}" for x in self._allocations(LocalStore(str(self.default_db)))]
+        return found
+
+    @staticmethod
+    def _allocations(store: Store) -> list[str]:
         try:
             held = [f"{p.name}/{k}:{a.container_id}" for p in store.iter_pools()
                     for k, a in p.allocations.items()]
@@ -178,6 +191,9 @@ class FuzzLab:
             if now.get(name) != self.baseline.get(name):
                 found.append(f"host link {name}: {self.baseline.get(name)} -> {now.get(name)}")
         found += [f"record {k}/{n}" for k, v in self.lab.records().items() for n in v]
+        for sub in ("attachments", "owners", "locks"):
+            d = self.default_state / sub
+            found += [f"default state dir: {sub}/{n}" for n in (os.listdir(d) if d.is_dir() else [])]
         locks = self.lab.state_dir / "locks"
         found += [f"lock file {n}" for n in (os.listdir(locks) if locks.is_dir() else [])]
         if self.lab.vf_table() != self.vfs0:

@@ -194,7 +194,9 @@ def test_sample_as_real_processes(case: tuple[str, FuzzLab], data: st.DataObject
     kind = data.draw(st.sampled_from(["config", "stdin", "env"]), "kind")
     env, stdin, fields, touched = lab.env("ADD"), jsonio.dumps(base), [], []
     if kind == "config":
-        muts = data.draw(st.lists(S.mutation(base, plugin), min_size=1, max_size=2), "mutations")
+        # no path field: null or "" there means the node's default directory, outside the lab
+        safe = S.mutation(base, plugin).filter(lambda m: m.field not in S.PATH_KEYS)
+        muts = data.draw(st.lists(safe, min_size=1, max_size=2), "mutations")
         stdin, fields = encode(S.apply(base, muts)), [m.field for m in muts if m.field]
     elif kind == "stdin":
         stdin = data.draw(S.raw_stdin(stdin).filter(lambda b: len(b) < 1 << 20), "stdin")

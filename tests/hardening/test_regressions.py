@@ -68,3 +68,11 @@ def test_refused_ipam_config_is_no_incomplete_rollback(lab: FuzzLab) -> None:
     assert got.rc == 1 and got.out["code"] == 7 and "ipam.range" in got.out["msg"], got.raw
     assert "rollback incomplete" not in got.out["details"], got.raw
     assert lab.leftovers() == []
+
+
+def test_record_that_cannot_be_saved_leaves_no_owner(lab: FuzzLab) -> None:
+    """Was: an owner record left behind when the attachment record could not be written (a container
+    id longer than a file name may be)."""
+    env = lab.env("ADD", CNI_CONTAINERID="c" * 300)
+    code, msg = error(lab, "sriov", env, lab.conf("sriov"))
+    assert code == 5 and "File name too long" in msg, msg
