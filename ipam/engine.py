@@ -4,8 +4,8 @@ deadline; an unreachable store is code 11 (after a short grace), never silence.
 Overlapping ranges (one reservation per IP, cluster-wide): on ADD the reservation is claimed BEFORE the
 pool is written, so no two pools can commit the same IP; on DEL the pool is released first and the
 reservation after. A crash between the two steps leaves at worst a reservation without a pool entry
-(an address parked, never one handed out twice); the same owner's next ADD reuses it, and GC and the
-reconciler free it once the owner is gone."""
+(an address parked, never one handed out twice); the same owner's next ADD reuses it, its DEL frees it
+(Engine._sweep_reservations), and GC and the reconciler free it once the owner is gone."""
 
 from __future__ import annotations
 
@@ -193,14 +193,32 @@ class Engine:
 
     def delete(self, owner: Allocation) -> None:
         """Release this attachment in every range; an unknown owner is success."""
-        for rng in self.conf.ranges:
-            self._delete_range(rng, owner)
+        missing = [rng for rng in self.conf.ranges if not self._delete_range(rng, owner)]
+        if missing and self.conf.overlapping and getattr(self.store, "exclusive", None) is None:
+            self._sweep_reservations(owner)
 
-    def _delete_range(self, rng: IPRange, owner: Allocation) -> None:
+    def _delete_range(self, rng: IPRange, owner: Allocation) -> bool:
+        """Release one range; False when the pool held nothing of this attachment."""
         freed = self._retrying(f"releasing in {rng.cidr}", lambda: self._release(rng, owner))
         if self.conf.overlapping:
             for offset in freed:
                 self._unclaim(self.reservation_name(rng, offset), owner.same_attachment)
+        return bool(freed)
+
+    def _sweep_reservations(self, owner: Allocation) -> None:
+        """A pool without this attachment may still leave its reservation behind: an ADD killed between
+        claiming the address and writing the pool (on a store without exclusive(), the two writes are
+        separate). Free every reservation this attachment holds. Costs a paged list of the
+        reservations, so only a DEL that found nothing in some pool pays it (a repeated DEL, or the DEL
+        after a crashed ADD)."""
+        names = self._retrying(
+            "listing reservations",
+            lambda: [r.name for r in self.store.iter_reservations() if r.owner.same_attachment(owner)],
+        )
+        for name in names:
+            log.info("reservation %s of %s/%s has no pool entry: released", name, owner.container_id,
+                     owner.ifname)
+            self._unclaim(name, owner.same_attachment)
 
     def _release(self, rng: IPRange, owner: Allocation) -> list[int]:
         """Remove this attachment's allocations from one pool (an indexed lookup, no full load)."""

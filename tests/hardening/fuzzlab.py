@@ -236,13 +236,16 @@ class FuzzLab:
 
 def run_process(lab: FuzzLab, plugin: str, env: Mapping[str, str], stdin: bytes,
                 cwd: Path | None = None) -> Outcome:
-    """The same call as a real process (`python -m cni PLUGIN` inside the lab's host namespace)."""
+    """The same call as a real process (`python -m cni PLUGIN` inside the lab's host namespace; the
+    IPAM alone stays in this namespace: it touches no link, and its store may listen on loopback)."""
     import subprocess
 
     full = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
     full.update(env)
     full["PYTHONPATH"] = str(REPO)
-    cmd = ["ip", "netns", "exec", lab.topo.host, sys.executable, "-m", "cni", plugin]
+    cmd = [sys.executable, "-m", "cni", plugin]
+    if plugin != "whereabouts":
+        cmd = ["ip", "netns", "exec", lab.topo.host, *cmd]
     envb = {os.fsencode(k): os.fsencode(v) for k, v in full.items()}
     proc = subprocess.run(cmd, input=stdin, env=envb, capture_output=True, check=False,
                           cwd=cwd or REPO, timeout=120)

