@@ -241,7 +241,10 @@ def warm() -> None:
     message classes once, here, rather than concurrently in the first requests."""
     import importlib
 
+    from cni import log
     from cni.registry import LAZY_MODULES
+
+    log.debug("warming up")  # also opens every long-lived file logging needs, before any request
 
     for name in (*LAZY_MODULES, "cni.skel", "cni.delegate", "cni.netlink.links", "cni.netlink.addrs",
                  "cni.netlink.routes", "cni.types.result", "subprocess", "sqlite3"):
