@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv deps lint typecheck unit e2e test demo bench bench-bundle bench-warm driver bundle clean fuzz
+.PHONY: all venv deps lint typecheck unit e2e test demo bench bench-bundle bench-ipam bench-warm driver bundle clean fuzz
 all: venv
 
 $(STAMP): pyproject.toml
@@ -65,6 +65,12 @@ bench-bundle: deps venv driver bundle
 	$(PY) -m tests.bench.bundle
 
 # ADD+DEL and a 16-attachment pod: Debian's Go plugins, pycni standalone, pycni through the agent.
+# Per store (local, kubernetes via the API emulator, a real etcd): 200 concurrent ADDs (allocations/s,
+# p50/p99), one ADD into a pool of 60,000 and into a /64 holding 100,000 (not a timed test).
+bench-ipam: deps venv
+	$(PY) -m tests.bench.ipam_local
+	$(PY) -m tests.bench.ipam_etcd
+
 bench-warm: deps venv driver bundle
 	$(PY) -m tests.bench.warm $(if $(N),-n $(N))
 
