@@ -68,8 +68,7 @@ bench-bundle: deps venv driver bundle
 # Per store (local, kubernetes via the API emulator, a real etcd): 200 concurrent ADDs (allocations/s,
 # p50/p99), one ADD into a pool of 60,000 and into a /64 holding 100,000 (not a timed test).
 bench-ipam: deps venv
-	$(PY) -m tests.bench.ipam_local
-	$(PY) -m tests.bench.ipam_etcd
+	$(PY) -m tests.bench.ipam
 
 bench-warm: deps venv driver bundle
 	$(PY) -m tests.bench.warm $(if $(N),-n $(N))

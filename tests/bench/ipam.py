@@ -6,8 +6,8 @@
   3. One ADD into a /64 that already holds 100,000 allocations.
 Stores (--store, default all): local (SQLite), kubernetes (the CRDs through the in-process API
 emulator of tests/kubeapi over loopback HTTP: the client, serialisation and compare-and-swap costs of
-the store, not a real API server's etcd latency).
-Usage: python -m tests.bench.ipam_local [--procs 200] [--store local|kubernetes]"""
+the store, not a real API server's etcd latency), etcd (a real etcd, tests/etcdutil.py).
+Usage: python -m tests.bench.ipam [--procs 200] [--store local|kubernetes|etcd]"""
 
 from __future__ import annotations
 
@@ -87,7 +87,42 @@ class KubeBench:
         self.emus.clear()
 
 
-BACKENDS: dict[str, Callable[[], Any]] = {"local": LocalBench, "kubernetes": KubeBench}
+class EtcdBench:
+    """A real etcd (data dir on disk, as deployed) per run directory; --max-request-bytes 64 MiB, as a
+    pool is one object of ~170 bytes per allocation."""
+
+    def __init__(self) -> None:
+        self.running: dict[Path, tuple[Any, Any]] = {}
+
+    def _etcd(self, state: Path) -> Any:
+        if state not in self.running:
+            from tests.etcdutil import running
+
+            ctx = running(on_disk=True)
+            self.running[state] = (ctx, ctx.__enter__())
+        return self.running[state][1]
+
+    def ipam(self, state: Path) -> dict[str, Any]:
+        return {**self._etcd(state).ipam(), "local_db": str(state / "ipam.db")}
+
+    def open(self, state: Path) -> Store:
+        from ipam.config import store_config
+        from ipam.store.etcd import open_store
+
+        return open_store(store_config(self.ipam(state)))
+
+    def prefill(self, state: Path, name: str, rng: str, put: dict[str, Allocation]) -> None:
+        store = self.open(state)
+        store.commit_pool(Pool(name, rng), PoolUpdate(put=put))
+        store.close()
+
+    def close(self) -> None:
+        for ctx, _ in self.running.values():
+            ctx.__exit__(None, None, None)
+        self.running.clear()
+
+
+BACKENDS: dict[str, Callable[[], Any]] = {"local": LocalBench, "kubernetes": KubeBench, "etcd": EtcdBench}
 backend: Any = LocalBench()
 
 
