@@ -28,7 +28,13 @@ NOARCHIVE = os.environ.get("PYCNI_NOARCHIVE", "1") == "1"
 STRIP = os.environ.get("PYCNI_STRIP", "1") == "1"
 DROP_HOOKS = os.environ.get("PYCNI_KEEP_HOOKS", "0") != "1"
 
-RUNTIME_HOOKS_DROPPED = ("pyi_rth_inspect", "pyi_rth_pkgutil", "pyi_rth_multiprocessing")
+# Runtime hooks run at EVERY start of every entry. pyi_rth_setuptools (collected with the kubernetes
+# client) imports setuptools: ~150 ms per call. None of these is needed: pycni never imports inspect's
+# source helpers, pkgutil's frozen iterators, multiprocessing or setuptools at run time.
+RUNTIME_HOOKS_DROPPED = (
+    "pyi_rth_inspect", "pyi_rth_pkgutil", "pyi_rth_multiprocessing", "pyi_rth_setuptools",
+)
+RUNTIME_HOOKS_ALLOWED: tuple[str, ...] = ()
 
 # Never imported on any pycni path but pulled into the graph by pyroute2's package __init__ (which
 # cni.netlink.codec deliberately never runs) or by the stdlib: size only, no start-up cost.
@@ -85,9 +91,18 @@ def check_collected(pure: Any, datas: Any, wanted: list[str]) -> None:
 
 
 def drop_runtime_hooks(scripts: Any) -> Any:
+    """Drop the runtime hooks we measured and do not need; refuse to build with one nobody reviewed (a
+    new dependency's hook silently costs every CNI call its start-up time)."""
     if not DROP_HOOKS:
         return scripts
-    return [s for s in scripts if s[0] not in RUNTIME_HOOKS_DROPPED]
+    kept = [s for s in scripts if s[0] not in RUNTIME_HOOKS_DROPPED]
+    unknown = [s[0] for s in kept if s[0].startswith("pyi_rth_") and s[0] not in RUNTIME_HOOKS_ALLOWED]
+    if unknown:
+        raise SystemExit(
+            f"pycni bundle: runtime hooks {', '.join(unknown)} would run at every start: measure them and "
+            "list them in bundler/freeze.py RUNTIME_HOOKS_DROPPED or RUNTIME_HOOKS_ALLOWED"
+        )
+    return kept
 
 
 def python_options() -> list[tuple[str, None, str]]:

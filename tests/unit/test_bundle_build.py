@@ -91,3 +91,14 @@ def test_dispatch_prefixed_plugin_and_tools() -> None:
     assert about.returncode == 0 and b"pycni macvlan source" in about.stderr
     unknown = run_cni("nope")
     assert unknown.returncode == 2 and b"one of:" in unknown.stderr and b"macvlan" in unknown.stderr
+
+
+def test_runtime_hooks_are_dropped_or_reviewed() -> None:
+    """Every runtime hook runs at every start of every entry: the measured ones are dropped (setuptools'
+    cost ~150 ms per call) and an unreviewed one stops the build instead of slowing every CNI call."""
+    scripts = [("pyiboot01_bootstrap", "x", "PYSOURCE"), ("pyi_rth_setuptools", "x", "PYSOURCE"),
+               ("pyi_rth_inspect", "x", "PYSOURCE"), ("entry", "x", "PYSOURCE")]
+    kept = freeze.drop_runtime_hooks(scripts)
+    assert [s[0] for s in kept] == ["pyiboot01_bootstrap", "entry"]
+    with pytest.raises(SystemExit, match="pyi_rth_newdep"):
+        freeze.drop_runtime_hooks([*scripts, ("pyi_rth_newdep", "x", "PYSOURCE")])
