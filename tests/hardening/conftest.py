@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+if TYPE_CHECKING:
+    from tests.hardening.fuzzlab import FuzzLab
 
 _COMMON = {
     "deadline": None,  # a loaded 2-core machine: no per-example wall-clock limit
@@ -30,3 +35,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if TALLY:
         text = ", ".join(f"{k}={v}" for k, v in sorted(TALLY.items()))
         terminalreporter.write_line(f"hardening tally: {text}")
+
+
+@pytest.fixture(scope="module")
+def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzLab]:
+    """One lab (host and pod namespaces, stand-in devices, local store) per test module, removed after."""
+    from tests.hardening.fuzzlab import FuzzLab
+
+    made = FuzzLab(tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]))
+    try:
+        yield made
+    finally:
+        made.close()

@@ -34,14 +34,6 @@ IN_TEMP_NS = {"move-temp", "alias", "rename", "mac"}
 CASES = [(plugin, step) for plugin, steps in STEPS.items() if plugin != "whereabouts" for step in steps]
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzLab]:
-    made = FuzzLab(tmp_path_factory.mktemp("kill"))
-    try:
-        yield made
-    finally:
-        made.close()
-
 
 @pytest.fixture(scope="module", params=sorted(TARGETS))
 def store_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzLab]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from cni import jsonio
@@ -11,14 +9,6 @@ from tests.hardening.fuzzlab import FuzzLab
 
 pytestmark = pytest.mark.root
 
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzLab]:
-    made = FuzzLab(tmp_path_factory.mktemp("regressions"))
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def error(lab: FuzzLab, plugin: str, env: dict[str, str], conf: dict[str, object]) -> tuple[int, str]:

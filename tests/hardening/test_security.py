@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,14 +21,6 @@ from tests.hardening.fuzzlab import SECRET, FuzzLab, run_process
 pytestmark = pytest.mark.root  # namespaces and links
 VICTIM_TEXT = b"victim: must stay as it is\n"
 
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzLab]:
-    made = FuzzLab(tmp_path_factory.mktemp("security"))
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def assert_private(path: Path) -> None:
