@@ -1,21 +1,60 @@
-"""The one place JSON is read and written (orjson)."""
+"""The one place JSON is read and written (the standard library's json, C accelerated).
+
+Not orjson: importing orjson imports dataclasses (and with it inspect, ast, dis, tokenize), uuid,
+datetime and json itself, ~15 ms of every frozen plugin call, to parse a few hundred bytes of config.
+What orjson gave for free is kept here: NaN and Infinity are refused, and so is anything that is not
+valid UTF-8; output is compact UTF-8 (or 2-space indented)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import orjson
+import json  # noqa: TID251 (this is the one place)
+import re
 
 from cni.errors import DecodeError
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
+if TYPE_CHECKING:
+    from typing import Any
+
+_DECODER: json.JSONDecoder
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_INDENTED = json.JSONEncoder(ensure_ascii=False, indent=2, allow_nan=False)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _refuse(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_refuse)
 
 
 def loads(data: bytes | str, what: str = "stdin") -> Any:
     try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as e:
-        raise DecodeError(f"{what}: malformed JSON", str(e)) from None
+        text = data.decode("utf-8") if isinstance(data, bytes | bytearray | memoryview) else data
+        obj = _DECODER.decode(text)
+        if _SURROGATE_ESCAPE.search(text):
+            _no_lone_surrogates(obj)  # "\ud800" escapes decode to str that is no Unicode text
+        return obj
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeError are ValueErrors
+        raise DecodeError(f"{what}: malformed JSON", str(e)[:200]) from None
+
+
+def _no_lone_surrogates(obj: Any) -> None:
+    if isinstance(obj, str):
+        obj.encode("utf-8")
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            k.encode("utf-8")
+            _no_lone_surrogates(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            _no_lone_surrogates(v)
 
 
 def dumps(obj: Any, indent: bool = False) -> bytes:
-    opts = orjson.OPT_INDENT_2 if indent else 0
-    return orjson.dumps(obj, option=opts)
+    try:
+        return (_INDENTED if indent else _COMPACT).encode(obj).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate in a str we were given: escape it, stay valid JSON
+        return json.dumps(obj, indent=2 if indent else None, separators=None if indent else (",", ":"),
+                          allow_nan=False).encode()

@@ -10,15 +10,15 @@ from __future__ import annotations
 import random
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass
 
 from cni import log
 from cni.errors import ExhaustedError
+from cni.types.record import record
 from ipam.ranges import IPRange
 from ipam.store.base import Allocation, Pool, PoolUpdate, PoolView, Segment
 
 
-@dataclass(frozen=True)
+@record
 class Decision:
     """`kind`: "existing" (same owner, nothing to write), "takeover" (same pod and ifname, new
     container id: rewritten in place) or "new"."""

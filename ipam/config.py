@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from cni import jsonio
 from cni.errors import ConfigError, DecodeError
 from cni.types import fields as f
+from cni.types.record import field, record
 from cni.types.result import DNS, Route, parse_dns, parse_route
 from ipam import ranges
 from ipam.ranges import IPRange
@@ -37,13 +37,13 @@ ETCD_KEYS = (
 )
 
 
-@dataclass(frozen=True)
+@record
 class KubernetesConf:
     kubeconfig: str = ""
     k8s_api_root: str = ""  # parsed, unused (as upstream)
 
 
-@dataclass(frozen=True)
+@record
 class EtcdConf:
     host: str = ""
     username: str = ""
@@ -53,7 +53,7 @@ class EtcdConf:
     ca_cert_file: str = ""
 
 
-@dataclass(frozen=True)
+@record
 class StoreConfig:
     """Which store and how to reach it. `datastore` is one of DATASTORES."""
 
@@ -63,13 +63,13 @@ class StoreConfig:
     etcd: EtcdConf = field(default_factory=EtcdConf)
 
 
-@dataclass(frozen=True)
+@record
 class StaticAddress:
     address: f.IPInterface
     gateway: f.IPAddress | None = None
 
 
-@dataclass(frozen=True)
+@record
 class IpamConfig:
     ranges: tuple[IPRange, ...]
     gateway: f.IPAddress | None = None

@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from cni import faults, log
 from cni.errors import CheckError, CniError, Code
+from cni.types.record import field, record
 from ipam import allocator
 from ipam.allocator import SnapshotView
 from ipam.config import IpamConfig
@@ -35,7 +35,7 @@ from ipam.store.names import pool_name, reservation_name
 SPREAD_MAX = 32  # after lost races, pick among at most this many of the lowest free addresses
 
 
-@dataclass
+@record(frozen=False)
 class _Claims:
     blocked: set[int] = field(default_factory=set)
     created: dict[str, str] = field(default_factory=dict)  # reservations made by this call: name -> version

@@ -6,15 +6,15 @@ Offsets (the store's keys) count from the network address."""
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
 
 from cni.errors import ConfigError
 from cni.types import fields as f
+from cni.types.record import record
 
 Segment = tuple[int, int]
 
 
-@dataclass(frozen=True)
+@record
 class IPRange:
     network: f.IPNetwork
     start: int  # first address handed out (absolute integer)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from cni.errors import TryAgainError
+from cni.types.record import field, record
 from ipam.store.base import Conflict, StoreUnavailable
 
 
-@dataclass(frozen=True)
+@record
 class Retry:
     deadline: float = 30.0  # seconds one operation may go on without a conflict (progress elsewhere)
     limit: float = 120.0  # absolute bound on one operation, conflicts or not

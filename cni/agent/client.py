@@ -1,5 +1,5 @@
 """The shim: hand one CNI call to the node-local agent, or say it was not taken so the caller runs it
-in-process. Imports stdlib only (and orjson for the rare error object): it runs on every plugin call.
+in-process. Imports stdlib only: it runs on every plugin call.
 
 `serve` returns None ("run it yourself") only when the agent certainly did not execute the request:
 no socket, connect refused or timed out, the agent refused, or the connection broke before GO was
@@ -114,15 +114,14 @@ def _answer(sock: socket.socket, reader: proto.Reader) -> tuple[int, bytes]:
 
 def lost_error(stdin: bytes, why: str) -> bytes:
     """The error object (code 11) for a request the agent took and did not answer."""
-    import orjson
-
-    from cni import spec
+    from cni import jsonio, spec
+    from cni.errors import DecodeError
 
     try:
-        version = orjson.loads(stdin).get("cniVersion") or spec.DEFAULT
-    except (orjson.JSONDecodeError, AttributeError):
+        version = jsonio.loads(stdin).get("cniVersion") or spec.DEFAULT
+    except (DecodeError, AttributeError):
         version = spec.LATEST
     if version not in spec.SUPPORTED:
         version = spec.LATEST
     msg = "the pycni agent stopped while executing the request; it may be partly applied: try again"
-    return orjson.dumps({"cniVersion": version, "code": 11, "msg": msg, "details": why}) + b"\n"
+    return jsonio.dumps({"cniVersion": version, "code": 11, "msg": msg, "details": why}) + b"\n"

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from dataclasses import dataclass
-from typing import Any
 
 from cni.netlink.socket import NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, Netlink
+from cni.types.record import record
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
+if TYPE_CHECKING:
+    from typing import Any
 
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
 IFA_F_NODAD, IFA_F_OPTIMISTIC, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x04, 0x08, 0x40
 IFA_F_PERMANENT = 0x80
 
 
-@dataclass(frozen=True)
+@record
 class Addr:
     address: ipaddress.IPv4Interface | ipaddress.IPv6Interface
     index: int

@@ -26,7 +26,38 @@ def _bare_package() -> None:
     sys.modules["pyroute2"] = pkg
 
 
+def _light_config() -> None:
+    """pyroute2.config imports multiprocessing and platform and runs platform.uname() (~4 ms per call)
+    for settings of pyroute2's sockets and IPDB; the message classes read four of them. Those four are
+    here; any other attribute loads the real module on first use (PEP 562)."""
+    if "pyroute2.config" in sys.modules:
+        return
+    cfg = types.ModuleType("pyroute2.config")
+    real: list[types.ModuleType] = []
+
+    def full_config(name: str) -> object:
+        if name.startswith("__"):
+            raise AttributeError(name)  # the import system probing (__path__ ...): a plain module
+        if not real:
+            import importlib.machinery
+
+            path = sys.modules["pyroute2"].__path__
+            spec = importlib.machinery.PathFinder.find_spec("pyroute2.config", path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            real.append(module)
+        return getattr(real[0], name)
+
+    cfg.AF_BRIDGE, cfg.AF_NETLINK = 7, 16  # type: ignore[attr-defined]
+    cfg.data_plugins_pkgs, cfg.data_plugins_path = [], []  # type: ignore[attr-defined]
+    cfg.__getattr__ = full_config  # type: ignore[method-assign]
+    sys.modules["pyroute2.config"] = cfg
+    sys.modules["pyroute2"].config = cfg  # type: ignore[attr-defined]
+
+
 _bare_package()
+_light_config()
 
 from pyroute2.netlink import nla, nlmsg_atoms  # noqa: E402
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg  # noqa: E402

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any
-
 from cni import delegate, faults, ifconfig, log, netns, skel
 from cni.errors import (
     CheckError,
@@ -21,14 +18,19 @@ from cni.netlink.socket import EEXIST, Netlink, NetlinkError, opened
 from cni.plugins import common
 from cni.types import fields as f
 from cni.types.netconf import Request, requested_mac, require_prev_result
+from cni.types.record import field, record, replace
 from cni.types.result import DNS, Interface, Result
 from cni.undo import Undo
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
+if TYPE_CHECKING:
+    from typing import Any
 
 MODES = ("bridge", "private", "vepa", "passthru")
 MIN_MTU = 68
 
 
-@dataclass(frozen=True)
+@record
 class MacvlanConf:
     master: str = ""
     mode: str = "bridge"

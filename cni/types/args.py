@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from cni.errors import EnvError
+from cni.types.record import record
 
 
-@dataclass(frozen=True)
+@record
 class CniArgs:
     pairs: tuple[tuple[str, str], ...] = ()
 

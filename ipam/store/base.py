@@ -42,10 +42,10 @@ CRD objects."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence, Set
-from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from cni.errors import CniError, Code, TryAgainError
+from cni.types.record import field, record
 
 
 class Allocation(NamedTuple):
@@ -67,7 +67,7 @@ class Allocation(NamedTuple):
         return bool(self.podref) and self.podref == other.podref and self.ifname == other.ifname
 
 
-@dataclass(frozen=True)
+@record
 class Pool:
     """A snapshot of one pool. `version` None: the pool is not stored yet (commit creates it)."""
 
@@ -77,7 +77,7 @@ class Pool:
     version: str | None = None
 
 
-@dataclass(frozen=True)
+@record
 class PoolUpdate:
     """A change to a pool, computed from a snapshot: offsets to set (add or replace) and to remove."""
 
@@ -94,7 +94,7 @@ class PoolUpdate:
         return out
 
 
-@dataclass(frozen=True)
+@record
 class Reservation:
     """Cluster-wide claim on one IP (overlapping ranges). `version` None: not stored yet."""
 

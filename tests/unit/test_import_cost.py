@@ -16,6 +16,9 @@ import pytest
 from cni import jsonio
 
 FULL_PYROUTE2 = ("pyroute2", "pyroute2.iproute", "pyroute2.ndb", "asyncio", "pyroute2.netlink.nlsocket")
+# Never on a macvlan call: dataclasses (and the inspect it imports) is replaced by cni.types.record;
+# multiprocessing and platform come with pyroute2.config, which cni.netlink.codec stands in for.
+PER_CALL_NEVER = ("dataclasses", "inspect", "multiprocessing", "platform", "pyroute2.config")
 ENV_ADD = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth1", "CNI_PATH": "/usr/lib/cni"}
 
 
@@ -53,7 +56,7 @@ def test_version_imports_nothing_heavy() -> None:
     out, mods = plugin({"CNI_COMMAND": "VERSION"}, None)
     assert out["supportedVersions"]
     no_pyroute2(mods)
-    for heavy in ("cni.plugins.macvlan", "subprocess", "asyncio", "logging"):
+    for heavy in ("cni.plugins.macvlan", "subprocess", "asyncio", "logging", "typing", *PER_CALL_NEVER):
         assert heavy not in mods
 
 
@@ -96,7 +99,7 @@ def test_add_l2_imports_only_the_codec() -> None:
     out, mods = add_in_private_netns({"cniVersion": "1.1.0", "name": "n", "type": "macvlan", "master": "va"})
     assert out["interfaces"][0]["name"] == "eth1", out
     assert "pyroute2.netlink.rtnl.ifinfmsg" in mods  # the codec was needed, and loaded
-    for name in FULL_PYROUTE2:
+    for name in (*FULL_PYROUTE2, *PER_CALL_NEVER):
         assert name not in mods
 
 
@@ -115,5 +118,14 @@ def test_add_with_ipam_imports_only_the_codec(tmp_path: Path) -> None:
     out, mods = add_in_private_netns(conf)
     assert [ip["address"].split("/")[1] for ip in out["ips"]] == ["24", "64"], out
     assert "pyroute2.netlink.rtnl.rtmsg" in mods and "pyroute2.netlink.rtnl.ifaddrmsg" in mods
-    for name in FULL_PYROUTE2:
+    for name in (*FULL_PYROUTE2, *PER_CALL_NEVER):
         assert name not in mods
+
+
+def test_the_codec_config_stand_in_loads_the_real_module_for_anything_else() -> None:
+    code = ("import sys, cni.netlink.codec; import pyroute2.config as c;"
+            "mp = lambda: 'multiprocessing' in sys.modules;"
+            "print(c.AF_BRIDGE, mp(), c.nla_via_getattr, mp())")
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parents[2]))
+    assert out.stdout.split() == ["7", "False", "False", "True"]

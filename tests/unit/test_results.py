@@ -3,7 +3,6 @@ of prevResult / IPAM results with errors naming the field."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 
 from cni import jsonio
 from cni.errors import ConfigError
+from cni.types.record import replace
 from cni.types.result import Result, parse, to_wire
 from tests.unit import models
 

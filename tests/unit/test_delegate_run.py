@@ -1,0 +1,65 @@
+"""cni.delegate.run: the IPAM exec without subprocess (posix_spawn and a poll loop) behaves like
+subprocess.run(input=..., capture_output=True)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cni.delegate import run
+
+
+def script(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "plugin"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_stdin_stdout_stderr_exit_code_and_env(tmp_path: Path) -> None:
+    binary = script(tmp_path, 'cat; echo "to stderr $CNI_COMMAND" >&2; exit 3\n')
+    rc, out, err = run(binary, b'{"cniVersion":"1.0.0"}', {"CNI_COMMAND": "ADD", "PATH": os.defpath})
+    assert (rc, out, err) == (3, b'{"cniVersion":"1.0.0"}', b"to stderr ADD\n")
+
+
+def test_large_streams_both_ways_do_not_deadlock(tmp_path: Path) -> None:
+    """More than a pipe buffer in, out and on stderr at once."""
+    binary = script(tmp_path, "tee /dev/stderr\n")
+    data = os.urandom(3 * 2**20)
+    rc, out, err = run(binary, data, {"PATH": os.defpath})
+    assert rc == 0 and out == data and err == data
+
+
+def test_a_child_that_does_not_read_its_stdin(tmp_path: Path) -> None:
+    binary = script(tmp_path, "echo done\n")
+    assert run(binary, b"x" * 2**20, {"PATH": os.defpath}) == (0, b"done\n", b"")
+
+
+def test_empty_stdin_and_signals_reset_for_the_child(tmp_path: Path) -> None:
+    """Python ignores SIGPIPE; the exec'd plugin gets the default back (as with subprocess)."""
+    binary = script(tmp_path, "grep SigIgn /proc/self/status\n")
+    rc, out, _ = run(binary, b"", {"PATH": os.defpath})
+    ignored = int(out.split()[1], 16)
+    assert rc == 0 and not ignored & (1 << (13 - 1))  # SIGPIPE
+
+
+def test_killed_child_and_missing_binary(tmp_path: Path) -> None:
+    binary = script(tmp_path, "kill -9 $$\n")
+    assert run(binary, b"", {"PATH": os.defpath})[0] == -9 == subprocess.run([binary], check=False).returncode
+    with pytest.raises(OSError) as info:
+        run(str(tmp_path / "absent"), b"{}", {})
+    assert info.value.errno == errno.ENOENT
+
+
+def test_no_descriptor_leaks(tmp_path: Path) -> None:
+    binary = script(tmp_path, "cat\n")
+    before = set(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        run(binary, b"abc", {"PATH": os.defpath})
+    with pytest.raises(OSError):
+        run(str(tmp_path / "absent"), b"{}", {})
+    assert set(os.listdir("/proc/self/fd")) == before
