@@ -3,6 +3,7 @@ when that binary is this very bundle and the IPAM is one of ours, call it in-pro
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -87,6 +88,7 @@ def run(binary: str, stdin: bytes, env: dict[str, str]) -> tuple[int, bytes, byt
 
             proc = subprocess.run([binary], input=stdin, env=env, capture_output=True, check=False)
             return proc.returncode, proc.stdout, proc.stderr
+        _no_inherited_descriptors()
         actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(child)]
         # as subprocess's restore_signals: Python ignores SIGPIPE and SIGXFSZ, an exec'd Go plugin must not
         pid = os.posix_spawn(binary, [binary], env, file_actions=actions,
@@ -105,6 +107,19 @@ def run(binary: str, stdin: bytes, env: dict[str, str]) -> tuple[int, bytes, byt
                 os.close(fd)
         status = os.waitpid(pid, 0)[1]
     return os.waitstatus_to_exitcode(status), out, err
+
+
+def _no_inherited_descriptors() -> None:
+    """Only stdin, stdout and stderr reach the IPAM (what subprocess's close_fds does in the child;
+    Python 3.12's posix_spawn cannot close descriptors there): mark every other one close-on-exec.
+    Safe in the agent's threads too: nothing of ours is meant to be inherited, and posix_spawn's dup2
+    onto 0-2 clears the flag on the copy only."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+                if os.get_inheritable(fd):
+                    os.set_inheritable(fd, False)
 
 
 def _pump(select: Any, mine: list[int], stdin: bytes) -> tuple[bytes, bytes]:

@@ -101,7 +101,8 @@ class Reader:
 
     def _fill(self) -> bool:
         space = socket.CMSG_SPACE(MAX_FDS * 4)
-        data, ancdata, flags, _ = self.sock.recvmsg(1 << 16, space)
+        # close-on-exec: a request's descriptors must never reach a process the request execs
+        data, ancdata, flags, _ = self.sock.recvmsg(1 << 16, space, socket.MSG_CMSG_CLOEXEC)
         for level, typ, cdata in ancdata:
             if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
                 count = len(cdata) // 4

@@ -63,3 +63,16 @@ def test_no_descriptor_leaks(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         run(str(tmp_path / "absent"), b"{}", {})
     assert set(os.listdir("/proc/self/fd")) == before
+
+
+def test_only_stdio_reaches_the_child(tmp_path: Path) -> None:
+    """An inheritable descriptor of ours (say, one received over the agent's socket) is not passed on."""
+    binary = script(tmp_path, "ls /proc/self/fd\n")
+    r, w = os.pipe()
+    os.set_inheritable(w, True)
+    try:
+        rc, out, _ = run(binary, b"", {"PATH": os.defpath})
+    finally:
+        os.close(r)
+        os.close(w)
+    assert rc == 0 and sorted(int(x) for x in out.split()) == [0, 1, 2, 3]  # 3: ls's own listing
