@@ -18,6 +18,7 @@ from cni.types.result import Result, parse
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 ETXTBSY_TRIES = 5
@@ -53,8 +54,31 @@ def _in_process_module(kind: str, binary: str) -> str | None:
     return module if os.path.realpath(binary) == os.path.realpath(bundle) else None
 
 
+# What the PyInstaller bootloader adds to the environment of a frozen plugin (or of the shim whose
+# environment the agent runs a request with): never passed on to an IPAM we exec.
+BOOTLOADER_ENV = ("_PYI_ARCHIVE_FILE", "_PYI_PARENT_PROCESS_LEVEL", "_PYI_APPLICATION_HOME_DIR",
+                  "_PYI_LINUX_PROCESS_NAME", "_PYI_SPLASH_IPC", "LD_LIBRARY_PATH_ORIG")
+
+
+def runtime_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment the runtime gave the plugin. In onedir mode the bootloader prepends the bundle's
+    _internal to LD_LIBRARY_PATH (keeping the runtime's value in LD_LIBRARY_PATH_ORIG): an exec'd IPAM
+    linked against the system's libssl or libsqlite3 would otherwise load ours."""
+    out = dict(env)
+    if not any(k in out for k in BOOTLOADER_ENV[:2]):
+        return out
+    original = out.get("LD_LIBRARY_PATH_ORIG")
+    for key in BOOTLOADER_ENV:
+        out.pop(key, None)
+    if original is None:
+        out.pop("LD_LIBRARY_PATH", None)
+    else:
+        out["LD_LIBRARY_PATH"] = original
+    return out
+
+
 def _exec(binary: str, req: Request, command: str) -> bytes:
-    env = dict(req.env)
+    env = runtime_env(req.env)
     env["CNI_COMMAND"] = command
     env.pop("PYCNI_TEST_FAULTS", None)  # tests inject faults into the plugin, not into its IPAM
     for attempt in range(ETXTBSY_TRIES):

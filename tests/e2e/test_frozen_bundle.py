@@ -116,3 +116,27 @@ def test_every_first_party_module_is_in_the_bundle(cni_bin: Path) -> None:
     for module in freeze.first_party_modules():
         path = internal / module.replace(".", "/")
         assert path.with_suffix(".pyc").exists() or path.is_dir(), module  # (namespace) package: a dir
+
+
+@pytest.mark.parametrize("runtime_value", ["/opt/runtime/lib", None])
+def test_an_execd_ipam_gets_the_runtimes_environment_not_the_bootloaders(
+    cni_bin: Path, tmp_path: Path, runtime_value: str | None
+) -> None:
+    """The bootloader puts the bundle's _internal first in LD_LIBRARY_PATH; an IPAM linked against
+    the system's libraries must not load ours. GC forwards to the IPAM without needing a netns."""
+    bindir, dump = tmp_path / "bin", tmp_path / "env"
+    bindir.mkdir()
+    ipam = bindir / "envipam"
+    ipam.write_text(f"#!/bin/sh\nenv > {dump}\n")
+    ipam.chmod(0o755)
+    env = {"CNI_COMMAND": "GC", "CNI_PATH": str(bindir), "PATH": os.defpath, "PYCNI_AGENT": "off"}
+    if runtime_value is not None:
+        env["LD_LIBRARY_PATH"] = runtime_value
+    conf = {"cniVersion": "1.1.0", "name": "n", "type": "macvlan", "master": "none0",
+            "ipam": {"type": "envipam"}, "cni.dev/valid-attachments": []}
+    proc = subprocess.run([str(cni_bin / "macvlan")], input=jsonio.dumps(conf), env=env, capture_output=True,
+                          check=False, timeout=60)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    seen = dict(line.split("=", 1) for line in dump.read_text().splitlines() if "=" in line)
+    assert seen.get("LD_LIBRARY_PATH") == runtime_value
+    assert [k for k in seen if k.startswith("_PYI_") or k == "LD_LIBRARY_PATH_ORIG"] == []

@@ -76,3 +76,17 @@ def test_only_stdio_reaches_the_child(tmp_path: Path) -> None:
         os.close(r)
         os.close(w)
     assert rc == 0 and sorted(int(x) for x in out.split()) == [0, 1, 2, 3]  # 3: ls's own listing
+
+
+def test_runtime_env_drops_what_the_bootloader_added() -> None:
+    from cni.delegate import runtime_env
+
+    home = "/opt/cni/bin/pycni"
+    frozen = {"PATH": "/bin", "_PYI_ARCHIVE_FILE": f"{home}/pycni", "_PYI_PARENT_PROCESS_LEVEL": "1",
+              "_PYI_APPLICATION_HOME_DIR": f"{home}/_internal",
+              "LD_LIBRARY_PATH": f"{home}/_internal:/opt/rt/lib", "LD_LIBRARY_PATH_ORIG": "/opt/rt/lib"}
+    assert runtime_env(frozen) == {"PATH": "/bin", "LD_LIBRARY_PATH": "/opt/rt/lib"}
+    no_orig = {k: v for k, v in frozen.items() if k != "LD_LIBRARY_PATH_ORIG"}
+    assert runtime_env(no_orig) == {"PATH": "/bin"}
+    source = {"PATH": "/bin", "LD_LIBRARY_PATH": "/opt/rt/lib"}  # not frozen: untouched
+    assert runtime_env(source) == source and runtime_env(source) is not source
