@@ -14,7 +14,7 @@ Start-up cost is what a CNI plugin pays on every call, so each choice here is me
 - optimize 0: -O would strip asserts, and the frozen plugin must behave exactly like `python -m cni`;
   level 2 measured no better than 1-2 ms.
 - the bootloader's second execve (it sets LD_LIBRARY_PATH and re-executes itself in onedir mode) costs
-  ~3 ms; the stock bootloader has no switch for it, so it stays (see bundler/README.md).
+  ~1.2 ms; dropping it needs a self-built bootloader and patched ELF files, so it stays (bundler/README.md).
 - hidden imports are cni.registry.LAZY_MODULES: the plugin/tool modules the dispatcher imports by name.
 """
 
