@@ -1,5 +1,5 @@
 """The node-local agent: serves CNI calls from the shim (cni.agent.client) over a unix socket, by
-calling the same `cni.skel.run` a plugin process calls, with pyroute2's codec, the plugin modules and
+calling the same `cni.skel.run` a plugin process calls, with the netlink codecs, the plugin modules and
 the IPAM modules imported once.
 
 Each connection gets its own thread, and the request runs on that thread in the caller's context:
@@ -237,7 +237,7 @@ class Agent:
 
 
 def warm() -> None:
-    """Import what requests need (pyroute2's codec, plugins, IPAM, stores) and let pyroute2 compile its
+    """Import what requests need (the netlink codecs, plugins, IPAM, stores) and let pyroute2 compile its
     message classes once, here, rather than concurrently in the first requests."""
     import importlib
 
@@ -252,7 +252,14 @@ def warm() -> None:
             importlib.import_module(name)
     from cni.netlink import addrs, links, routes
     from cni.netlink.socket import opened
+    from cni.sriov import vf
     from ipam.store.handles import keep_warm
+
+    # pyroute2 (the SR-IOV VF lists' codec; cni.netlink.wire does the rest) compiles a message class on
+    # first encode and first decode: both here, not in concurrent first requests
+    sample = vf.message(1, 0, vf.Setting("spoofchk", (1,)))
+    sample.encode()
+    vf.codec()(sample.data).decode()
 
     keep_warm()  # cluster store connections outlive a request (ipam.store.handles)
 

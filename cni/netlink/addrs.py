@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import struct
 
+from cni.netlink import wire
 from cni.netlink.socket import NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, Netlink
 from cni.types.record import record
-
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
-if TYPE_CHECKING:
-    from typing import Any
 
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
 IFA_F_NODAD, IFA_F_OPTIMISTIC, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x04, 0x08, 0x40
@@ -37,41 +35,36 @@ def _family(addr: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> int:
     return socket.AF_INET if addr.version == 4 else socket.AF_INET6
 
 
+IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
+IFA_ADDRESS, IFA_LOCAL, IFA_BROADCAST, IFA_FLAGS = 1, 2, 4, 8
+
+
 def add(
     nl: Netlink, index: int, addr: ipaddress.IPv4Interface | ipaddress.IPv6Interface, flags: int = 0
 ) -> None:
-    from cni.netlink.codec import ifaddrmsg  # pyroute2: only when a message is built
-
-    msg = ifaddrmsg()
-    msg["family"] = _family(addr)
-    msg["prefixlen"] = addr.network.prefixlen
-    msg["index"] = index
-    attrs: list[tuple[str, Any]] = [("IFA_LOCAL", str(addr.ip)), ("IFA_ADDRESS", str(addr.ip))]
+    header = IFADDRMSG.pack(_family(addr), addr.network.prefixlen, 0, 0, index)
+    attrs = [wire.ip(IFA_LOCAL, str(addr.ip)), wire.ip(IFA_ADDRESS, str(addr.ip))]
     if addr.version == 4 and addr.network.prefixlen < 31:
-        attrs.append(("IFA_BROADCAST", str(addr.network.broadcast_address)))
+        attrs.append(wire.ip(IFA_BROADCAST, str(addr.network.broadcast_address)))
     if flags:
-        attrs.append(("IFA_FLAGS", flags))
-    msg["attrs"] = attrs
+        attrs.append(wire.u32(IFA_FLAGS, flags))
+    msg = wire.Request(header, b"".join(attrs), _decode)
     nl.request(msg, RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, f"add address {addr}")
 
 
-def dump(nl: Netlink, index: int = 0, family: int = socket.AF_UNSPEC) -> list[Addr]:
-    from cni.netlink.codec import ifaddrmsg  # pyroute2: only when a message is built
+def _decode(chunk: bytes) -> Addr | None:
+    """An RTM_NEWADDR message (nlmsghdr included) as an Addr; None without an address."""
+    _family, prefixlen, flags, scope, index = IFADDRMSG.unpack_from(chunk, wire.NLMSGHDR.size)
+    a = wire.parse(chunk, wire.NLMSGHDR.size + IFADDRMSG.size)
+    local = wire.address(a.get(IFA_LOCAL)) or wire.address(a.get(IFA_ADDRESS))
+    if local is None:
+        return None
+    extended = wire.uint(a.get(IFA_FLAGS))
+    return Addr(ipaddress.ip_interface(f"{local}/{prefixlen}"), index,
+                extended if extended is not None else flags, scope)
 
-    msg = ifaddrmsg()
-    msg["family"] = family
-    out = []
-    for m in nl.request(msg, RTM_GETADDR, NLM_F_DUMP, "list addresses"):
-        if index and m["index"] != index:
-            continue
-        local = m.get_attr("IFA_LOCAL") or m.get_attr("IFA_ADDRESS")
-        flags = m.get_attr("IFA_FLAGS")
-        out.append(
-            Addr(
-                ipaddress.ip_interface(f"{local}/{m['prefixlen']}"),
-                m["index"],
-                flags if flags is not None else m["flags"],
-                m["scope"],
-            )
-        )
-    return out
+
+def dump(nl: Netlink, index: int = 0, family: int = socket.AF_UNSPEC) -> list[Addr]:
+    msg = wire.Request(IFADDRMSG.pack(family, 0, 0, 0, 0), b"", _decode)
+    replies = nl.request(msg, RTM_GETADDR, NLM_F_DUMP, "list addresses")
+    return [a for a in replies if a is not None and (not index or a.index == index)]

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
+import struct
 
+from cni.netlink import wire
 from cni.netlink.socket import ENODEV, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, Netlink, NetlinkError
 from cni.types.record import field, record
-
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
-if TYPE_CHECKING:
-    from typing import Any
 
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_NEWLINKPROP, RTM_DELLINKPROP = 16, 17, 18, 108, 109
 IFF_UP = 0x1
@@ -36,44 +34,50 @@ class Link:
     parent_dev: str = ""  # IFLA_PARENT_DEV_NAME: the bus device ("0000:af:06.0"), any namespace
 
 
-def _decode(msg: Any) -> Link:
-    kind = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") or ""
+IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
+IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINK, IFLA_OPERSTATE, IFLA_LINKINFO = 1, 3, 4, 5, 16, 18
+IFLA_IFALIAS, IFLA_NET_NS_FD, IFLA_EXT_MASK, IFLA_LINK_NETNSID = 20, 28, 29, 37
+IFLA_PROP_LIST, IFLA_ALT_IFNAME, IFLA_PERM_ADDRESS, IFLA_PARENT_DEV_NAME = 52, 53, 54, 56
+IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
+IFLA_MACVLAN_MODE, IFLA_MACVLAN_BC_QUEUE_LEN = 1, 7
+RTEXT_FILTER_VF = 1
+OPERSTATES = ("UNKNOWN", "NOTPRESENT", "DOWN", "LOWERLAYERDOWN", "TESTING", "DORMANT", "UP")
+
+
+def _decode(chunk: bytes) -> Link:
+    """An RTM_NEWLINK message (nlmsghdr included) as a Link."""
+    _family, _type, index, flags, _change = IFINFOMSG.unpack_from(chunk, wire.NLMSGHDR.size)
+    a = wire.parse(chunk, wire.NLMSGHDR.size + IFINFOMSG.size)
+    info = wire.parse(a.get(IFLA_LINKINFO))
+    kind = wire.text(info.get(IFLA_INFO_KIND))
     mode, bcq = "", 0
-    if kind == "macvlan":
-        data = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA")
-        if data is not None:
-            raw_mode = data.get_attr("IFLA_MACVLAN_MODE")
-            mode = raw_mode if isinstance(raw_mode, str) else MACVLAN_MODE_NAMES.get(raw_mode or 0, "")
-            bcq = data.get_attr("IFLA_MACVLAN_BC_QUEUE_LEN") or 0
-    props = msg.get_attr("IFLA_PROP_LIST")
-    altnames = tuple(props.get_attrs("IFLA_ALT_IFNAME")) if props is not None else ()
+    if kind == "macvlan" and IFLA_INFO_DATA in info:
+        data = wire.parse(info[IFLA_INFO_DATA])
+        mode = MACVLAN_MODE_NAMES.get(wire.uint(data.get(IFLA_MACVLAN_MODE)) or 0, "")
+        bcq = wire.uint(data.get(IFLA_MACVLAN_BC_QUEUE_LEN)) or 0
+    state = wire.uint(a.get(IFLA_OPERSTATE))
+    altnames = tuple(wire.text(v) for k, v in wire.items(a.get(IFLA_PROP_LIST)) if k == IFLA_ALT_IFNAME)
     return Link(
-        index=msg["index"],
-        name=msg.get_attr("IFLA_IFNAME") or "",
+        index=index,
+        name=wire.text(a.get(IFLA_IFNAME)),
         kind=kind,
-        mac=msg.get_attr("IFLA_ADDRESS") or "",
-        mtu=msg.get_attr("IFLA_MTU") or 0,
-        up=bool(msg["flags"] & IFF_UP),
-        operstate=msg.get_attr("IFLA_OPERSTATE") or "",
-        parent=msg.get_attr("IFLA_LINK") or 0,
-        link_netnsid=msg.get_attr("IFLA_LINK_NETNSID"),
-        alias=msg.get_attr("IFLA_IFALIAS") or "",
+        mac=wire.hwaddr(a.get(IFLA_ADDRESS)),
+        mtu=wire.uint(a.get(IFLA_MTU)) or 0,
+        up=bool(flags & IFF_UP),
+        operstate="" if state is None else OPERSTATES[state] if state < len(OPERSTATES) else str(state),
+        parent=wire.uint(a.get(IFLA_LINK)) or 0,
+        link_netnsid=wire.sint(a.get(IFLA_LINK_NETNSID)),
+        alias=wire.text(a.get(IFLA_IFALIAS)),
         macvlan_mode=mode,
         bcqueuelen=bcq,
         altnames=altnames,
-        perm_mac=msg.get_attr("IFLA_PERM_ADDRESS") or "",
-        parent_dev=msg.get_attr("IFLA_PARENT_DEV_NAME") or "",
+        perm_mac=wire.hwaddr(a.get(IFLA_PERM_ADDRESS)),
+        parent_dev=wire.text(a.get(IFLA_PARENT_DEV_NAME)),
     )
 
 
-def _msg(index: int = 0, attrs: list[tuple[str, Any]] | None = None) -> Any:
-    from cni.netlink.codec import ifinfmsg  # pyroute2: only when a message is built
-
-    msg = ifinfmsg()
-    msg["family"] = 0
-    msg["index"] = index
-    msg["attrs"] = attrs or []
-    return msg
+def _msg(index: int = 0, *attrs: bytes, flags: int = 0, change: int = 0) -> wire.Request:
+    return wire.Request(IFINFOMSG.pack(0, 0, index, flags, change), b"".join(attrs), _decode)
 
 
 def get(nl: Netlink, name: str | None = None, index: int = 0) -> Link | None:
@@ -81,25 +85,19 @@ def get(nl: Netlink, name: str | None = None, index: int = 0) -> Link | None:
     IFNAMSIZ-1 bytes: the kernel looks names up through IFLA_IFNAME, which cannot carry one)."""
     if name and len(os.fsencode(name)) > 15:
         return None
-    attrs: list[tuple[str, Any]] = [("IFLA_IFNAME", name)] if name else []
-    attrs.append(("IFLA_EXT_MASK", 1))  # RTEXT_FILTER_VF
+    attrs = [wire.asciiz(IFLA_IFNAME, name)] if name else []
+    attrs.append(wire.u32(IFLA_EXT_MASK, RTEXT_FILTER_VF))
     try:
-        replies = nl.request(_msg(index, attrs), RTM_GETLINK, 0, f"get link {name or index}")
+        replies = nl.request(_msg(index, *attrs), RTM_GETLINK, 0, f"get link {name or index}")
     except NetlinkError as e:
         if e.errno in (ENODEV, 19, 2):
             return None
         raise
-    return _decode(replies[0]) if replies else None
-
-
-def get_raw(nl: Netlink, index: int) -> Any:
-    """The undecoded reply (for VF info lists)."""
-    replies = nl.request(_msg(index, [("IFLA_EXT_MASK", 1)]), RTM_GETLINK, 0, f"get link {index}")
-    return replies[0]
+    return replies[0] if replies else None
 
 
 def dump(nl: Netlink) -> list[Link]:
-    return [_decode(m) for m in nl.request(_msg(), RTM_GETLINK, NLM_F_DUMP, "list links")]
+    return nl.request(_msg(), RTM_GETLINK, NLM_F_DUMP, "list links")
 
 
 def create_macvlan(
@@ -113,63 +111,63 @@ def create_macvlan(
     bcqueuelen: int = 0,
     netns_fd: int | None = None,
 ) -> None:
-    data: list[tuple[str, Any]] = [("IFLA_MACVLAN_MODE", MACVLAN_MODES[mode])]
+    data = [wire.u32(IFLA_MACVLAN_MODE, MACVLAN_MODES[mode])]
     if bcqueuelen:
-        data.append(("IFLA_MACVLAN_BC_QUEUE_LEN", bcqueuelen))
-    attrs: list[tuple[str, Any]] = [
-        ("IFLA_IFNAME", name),
-        ("IFLA_LINK", parent),
-        ("IFLA_LINKINFO", {"attrs": [("IFLA_INFO_KIND", "macvlan"), ("IFLA_INFO_DATA", {"attrs": data})]}),
+        data.append(wire.u32(IFLA_MACVLAN_BC_QUEUE_LEN, bcqueuelen))
+    attrs = [
+        wire.asciiz(IFLA_IFNAME, name),
+        wire.u32(IFLA_LINK, parent),
+        wire.nested(IFLA_LINKINFO, wire.asciiz(IFLA_INFO_KIND, "macvlan"),
+                    wire.nested(IFLA_INFO_DATA, *data)),
     ]
     if mtu:
-        attrs.append(("IFLA_MTU", mtu))
+        attrs.append(wire.u32(IFLA_MTU, mtu))
     if mac:
-        attrs.append(("IFLA_ADDRESS", mac))
+        attrs.append(wire.mac(IFLA_ADDRESS, mac))
     if netns_fd is not None:
-        attrs.append(("IFLA_NET_NS_FD", netns_fd))
-    nl.request(_msg(0, attrs), RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, f"create macvlan {name}")
+        attrs.append(wire.u32(IFLA_NET_NS_FD, netns_fd))
+    nl.request(_msg(0, *attrs), RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, f"create macvlan {name}")
 
 
-def _set(
-    nl: Netlink, index: int, attrs: list[tuple[str, Any]], op: str, flags: int = 0, change: int = 0
-) -> None:
-    msg = _msg(index, attrs)
-    msg["flags"], msg["change"] = flags, change
-    nl.request(msg, RTM_NEWLINK, 0, op)
+def _set(nl: Netlink, index: int, attr: bytes, op: str, flags: int = 0, change: int = 0) -> None:
+    nl.request(_msg(index, attr, flags=flags, change=change), RTM_NEWLINK, 0, op)
 
 
 def set_name(nl: Netlink, index: int, name: str) -> None:
-    _set(nl, index, [("IFLA_IFNAME", name)], f"rename link {index} to {name}")
+    _set(nl, index, wire.asciiz(IFLA_IFNAME, name), f"rename link {index} to {name}")
 
 
 def set_up(nl: Netlink, index: int, up: bool = True) -> None:
-    _set(nl, index, [], f"set link {index} {'up' if up else 'down'}", IFF_UP if up else 0, IFF_UP)
+    _set(nl, index, b"", f"set link {index} {'up' if up else 'down'}", IFF_UP if up else 0, IFF_UP)
 
 
 def set_mtu(nl: Netlink, index: int, mtu: int) -> None:
-    _set(nl, index, [("IFLA_MTU", mtu)], f"set link {index} mtu {mtu}")
+    _set(nl, index, wire.u32(IFLA_MTU, mtu), f"set link {index} mtu {mtu}")
 
 
 def set_mac(nl: Netlink, index: int, mac: str) -> None:
-    _set(nl, index, [("IFLA_ADDRESS", mac)], f"set link {index} address {mac}")
+    _set(nl, index, wire.mac(IFLA_ADDRESS, mac), f"set link {index} address {mac}")
 
 
 def set_alias(nl: Netlink, index: int, alias: str) -> None:
-    _set(nl, index, [("IFLA_IFALIAS", alias)], f"set link {index} alias")
+    _set(nl, index, wire.asciiz(IFLA_IFALIAS, alias), f"set link {index} alias")
 
 
 def set_netns(nl: Netlink, index: int, netns_fd: int) -> None:
-    _set(nl, index, [("IFLA_NET_NS_FD", netns_fd)], f"move link {index} to another namespace")
+    _set(nl, index, wire.u32(IFLA_NET_NS_FD, netns_fd), f"move link {index} to another namespace")
+
+
+def _altname(index: int, altname: str) -> wire.Request:
+    name = wire.asciiz(IFLA_ALT_IFNAME, altname)
+    return _msg(index, wire.nested(IFLA_PROP_LIST, name, flags=wire.NLA_F_NESTED))
 
 
 def delete_altname(nl: Netlink, index: int, altname: str) -> None:
-    msg = _msg(index, [("IFLA_PROP_LIST", {"attrs": [("IFLA_ALT_IFNAME", altname)]})])
-    nl.request(msg, RTM_DELLINKPROP, 0, f"delete altname {altname}")
+    nl.request(_altname(index, altname), RTM_DELLINKPROP, 0, f"delete altname {altname}")
 
 
 def add_altname(nl: Netlink, index: int, altname: str) -> None:
-    msg = _msg(index, [("IFLA_PROP_LIST", {"attrs": [("IFLA_ALT_IFNAME", altname)]})])
-    nl.request(msg, RTM_NEWLINKPROP, NLM_F_EXCL | NLM_F_CREATE, f"add altname {altname}")
+    nl.request(_altname(index, altname), RTM_NEWLINKPROP, NLM_F_EXCL | NLM_F_CREATE, f"add altname {altname}")
 
 
 def delete(nl: Netlink, index: int) -> bool:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import struct
 
+from cni.netlink import wire
 from cni.netlink.socket import NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, Netlink
 from cni.types.record import record
-
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
-if TYPE_CHECKING:
-    from typing import Any
 
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 RT_TABLE_MAIN, RTPROT_BOOT, RTN_UNICAST = 254, 3, 1
@@ -26,6 +24,11 @@ class KRoute:
     scope: int
 
 
+RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_METRICS, RTA_TABLE = 1, 4, 5, 6, 8, 15
+RTAX_MTU, RTAX_ADVMSS = 2, 8
+
+
 def add(
     nl: Netlink,
     dst: ipaddress.IPv4Network | ipaddress.IPv6Network,
@@ -38,53 +41,46 @@ def add(
     mtu: int = 0,
     advmss: int = 0,
 ) -> None:
-    from cni.netlink.codec import rtmsg  # pyroute2: only when a message is built
-
-    msg = rtmsg()
-    msg["family"] = socket.AF_INET if dst.version == 4 else socket.AF_INET6
-    msg["dst_len"] = dst.prefixlen
-    msg["table"] = table if table is not None and table < 256 else RT_TABLE_MAIN
-    msg["proto"] = RTPROT_BOOT
-    msg["scope"] = scope or 0
-    msg["type"] = RTN_UNICAST
-    attrs: list[tuple[str, Any]] = [("RTA_DST", str(dst.network_address)), ("RTA_OIF", oif)]
+    family = socket.AF_INET if dst.version == 4 else socket.AF_INET6
+    main = table if table is not None and table < 256 else RT_TABLE_MAIN
+    header = RTMSG.pack(family, dst.prefixlen, 0, 0, main, RTPROT_BOOT, scope or 0, RTN_UNICAST, 0)
+    attrs = [wire.ip(RTA_DST, str(dst.network_address)), wire.u32(RTA_OIF, oif)]
     if gw is not None:
-        attrs.append(("RTA_GATEWAY", str(gw)))
+        attrs.append(wire.ip(RTA_GATEWAY, str(gw)))
     if priority:
-        attrs.append(("RTA_PRIORITY", priority))
+        attrs.append(wire.u32(RTA_PRIORITY, priority))
     if table is not None:
-        attrs.append(("RTA_TABLE", table))
-    metrics = [(k, v) for k, v in (("RTAX_MTU", mtu), ("RTAX_ADVMSS", advmss)) if v]
+        attrs.append(wire.u32(RTA_TABLE, table))
+    metrics = [wire.u32(k, v) for k, v in ((RTAX_MTU, mtu), (RTAX_ADVMSS, advmss)) if v]
     if metrics:
-        attrs.append(("RTA_METRICS", {"attrs": metrics}))
-    msg["attrs"] = attrs
+        attrs.append(wire.nested(RTA_METRICS, *metrics))
+    msg = wire.Request(header, b"".join(attrs), _decode)
     nl.request(msg, RTM_NEWROUTE, NLM_F_CREATE | NLM_F_APPEND, f"add route {dst} via {gw or 'link'}")
 
 
-def dump(nl: Netlink, family: int = socket.AF_UNSPEC) -> list[KRoute]:
-    from cni.netlink.codec import rtmsg  # pyroute2: only when a message is built
+def _decode(chunk: bytes) -> KRoute | None:
+    """An RTM_NEWROUTE message (nlmsghdr included) as a KRoute; None for other families."""
+    family, dst_len, _src, _tos, table, _proto, scope, _type, _flags = RTMSG.unpack_from(
+        chunk, wire.NLMSGHDR.size)
+    if family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    a = wire.parse(chunk, wire.NLMSGHDR.size + RTMSG.size)
+    zero = "0.0.0.0" if family == socket.AF_INET else "::"
+    dst = ipaddress.ip_network(f"{wire.address(a.get(RTA_DST)) or zero}/{dst_len}", strict=False)
+    gw = wire.address(a.get(RTA_GATEWAY))
+    return KRoute(
+        dst,
+        ipaddress.ip_address(gw) if gw else None,
+        wire.uint(a.get(RTA_OIF)) or 0,
+        wire.uint(a.get(RTA_TABLE)) or table,
+        wire.uint(a.get(RTA_PRIORITY)) or 0,
+        scope,
+    )
 
-    msg = rtmsg()
-    msg["family"] = family
-    out = []
-    for m in nl.request(msg, RTM_GETROUTE, NLM_F_DUMP, "list routes"):
-        fam = m["family"]
-        if fam not in (socket.AF_INET, socket.AF_INET6):
-            continue
-        zero = "0.0.0.0" if fam == socket.AF_INET else "::"
-        dst = ipaddress.ip_network(f"{m.get_attr('RTA_DST') or zero}/{m['dst_len']}", strict=False)
-        gw = m.get_attr("RTA_GATEWAY")
-        out.append(
-            KRoute(
-                dst,
-                ipaddress.ip_address(gw) if gw else None,
-                m.get_attr("RTA_OIF") or 0,
-                m.get_attr("RTA_TABLE") or m["table"],
-                m.get_attr("RTA_PRIORITY") or 0,
-                m["scope"],
-            )
-        )
-    return out
+
+def dump(nl: Netlink, family: int = socket.AF_UNSPEC) -> list[KRoute]:
+    msg = wire.Request(RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0), b"", _decode)
+    return [r for r in nl.request(msg, RTM_GETROUTE, NLM_F_DUMP, "list routes") if r is not None]
 
 
 def default_route_oif(nl: Netlink) -> int:

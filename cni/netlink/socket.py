@@ -7,11 +7,12 @@ import errno
 import os
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 
 from cni import netns
 from cni.errors import KernelError
+from cni.netlink import wire
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
 if TYPE_CHECKING:
@@ -53,17 +54,29 @@ class Netlink:
         self.sock.close()
 
     def request(self, msg: Any, msg_type: int, flags: int, op: str) -> list[Any]:
-        """Send `msg` (a pyroute2 nlmsg); return the decoded replies of the same class."""
+        """Send `msg` and return its decoded replies: a cni.netlink.wire.Request (replies decoded by its
+        own decoder) or a pyroute2 nlmsg (replies of the same class; cni.sriov.vf's VF lists)."""
         self.seq += 1
+        flags |= NLM_F_REQUEST | NLM_F_ACK
+        if isinstance(msg, wire.Request):
+            self.sock.send(msg.encode(msg_type, flags, self.seq))
+            return list(self._replies(msg.decode, op))
         msg["header"]["type"] = msg_type
-        msg["header"]["flags"] = flags | NLM_F_REQUEST | NLM_F_ACK
+        msg["header"]["flags"] = flags
         msg["header"]["sequence_number"] = self.seq
         msg["header"]["pid"] = 0
         msg.encode()
         self.sock.send(msg.data)
-        return list(self._replies(type(msg), op))
+        cls = type(msg)
 
-    def _replies(self, cls: type, op: str) -> Iterator[Any]:
+        def decode(chunk: bytes) -> Any:
+            reply = cls(chunk)
+            reply.decode()
+            return reply
+
+        return list(self._replies(decode, op))
+
+    def _replies(self, decode: Callable[[bytes], Any], op: str) -> Iterator[Any]:
         while True:
             buf = self.sock.recv(1 << 20)
             offset = 0
@@ -82,9 +95,7 @@ class Netlink:
                     if code:
                         raise NetlinkError(op, code, _ext_ack_message(chunk, flags))
                     return  # the ACK
-                reply = cls(chunk)
-                reply.decode()
-                yield reply
+                yield decode(chunk)
 
 
 def _ext_ack_message(chunk: bytes, flags: int) -> str:

@@ -1,11 +1,13 @@
 """The frozen bundle itself (runs in the frozen pass: `make test` sets PYCNI_PLUGIN_DIR=dist/cni-bin after
-`make bundle`): layout and manifest, VERSION of every entry, the pyroute2 codec loaded without the
-package __init__, the frozen installer, and the upgrade storm with the real executable."""
+`make bundle`): layout and manifest, VERSION of every entry, netlink without pyroute2 on a plugin
+call and pyroute2's VF codec loaded without the package __init__ in the agent, the frozen installer,
+and the upgrade storm with the real executable."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -49,14 +51,33 @@ def test_every_entry_answers_version(cni_bin: Path) -> None:
         assert about.returncode == 0 and f"pycni {name} {build}" in about.stderr.decode()
 
 
-def test_codec_loads_pyroute2_messages_without_the_package_init(cni_bin: Path, tmp_path: Path) -> None:
+def test_plugin_calls_speak_netlink_without_pyroute2(cni_bin: Path, tmp_path: Path) -> None:
     trace = tmp_path / "trace"
     # STATUS looks the master up over netlink (a DEL without a netns would not touch netlink at all)
-    env = {"CNI_COMMAND": "STATUS", "CNI_PATH": "/usr/lib/cni"}
+    env = {"CNI_COMMAND": "STATUS", "CNI_PATH": "/usr/lib/cni", "PYCNI_AGENT": "off"}
     conf = jsonio.dumps({"cniVersion": "1.1.0", "name": "n", "type": "macvlan", "master": "none0"})
     proc = subprocess.run(["strace", "-f", "-e", "trace=openat", "-o", str(trace), str(cni_bin / "macvlan")],
                           input=conf, env=env, capture_output=True, check=False, timeout=60)
     assert proc.returncode == 1 and jsonio.loads(proc.stdout)["code"] == 50, (proc.stdout, proc.stderr)
+    opened = [line for line in trace.read_text().splitlines() if "= -1" not in line]
+    assert any("cni/netlink/wire" in line for line in opened), "cni.netlink.wire not loaded"
+    assert not any("pyroute2/" in line for line in opened), "pyroute2 loaded on a macvlan call"
+
+
+def test_agent_loads_pyroute2_messages_without_the_package_init(cni_bin: Path, tmp_path: Path) -> None:
+    """pyroute2 is the codec of SR-IOV VF lists; the agent warms it up (cni.agent.server.warm)."""
+    trace, sock = tmp_path / "trace", tmp_path / "run" / "agent.sock"
+    agent = subprocess.Popen(["strace", "-f", "-e", "trace=openat", "-o", str(trace),
+                              str(cni_bin / "pycni-agent"), "--socket", str(sock)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            assert agent.poll() is None and time.monotonic() < deadline, agent.stderr
+            time.sleep(0.05)
+    finally:
+        agent.terminate()
+        agent.wait(60)
     opened = [line for line in trace.read_text().splitlines() if "= -1" not in line]
     assert any("pyroute2/netlink/rtnl/ifinfmsg/__init__" in line for line in opened), "codec not loaded"
     for heavy in ("pyroute2/__init__", "asyncio/", "pyroute2/iproute", "pyroute2/ndb"):
