@@ -6,6 +6,7 @@ and the upgrade storm with the real executable."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -75,9 +76,14 @@ def test_agent_loads_pyroute2_messages_without_the_package_init(cni_bin: Path, t
         while not sock.exists():
             assert agent.poll() is None and time.monotonic() < deadline, agent.stderr
             time.sleep(0.05)
-    finally:
-        agent.terminate()
-        agent.wait(60)
+    finally:  # SIGTERM to the agent itself (strace's child): it stops; strace follows
+        children = Path(f"/proc/{agent.pid}/task/{agent.pid}/children")
+        for pid in children.read_text().split() if children.exists() else ():
+            os.kill(int(pid), signal.SIGTERM)
+        try:
+            agent.wait(60)
+        finally:
+            agent.kill()
     opened = [line for line in trace.read_text().splitlines() if "= -1" not in line]
     assert any("pyroute2/netlink/rtnl/ifinfmsg/__init__" in line for line in opened), "codec not loaded"
     for heavy in ("pyroute2/__init__", "asyncio/", "pyroute2/iproute", "pyroute2/ndb"):
