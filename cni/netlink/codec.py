@@ -1,4 +1,5 @@
-"""pyroute2 as a message codec only.
+"""pyroute2 as a message codec only, and only for SR-IOV VF lists (cni.sriov.vf): links, addresses and
+routes are encoded by cni.netlink.wire, which keeps pyroute2 off every other plugin call.
 
 `import pyroute2` runs the package __init__, which pulls in asyncio, ssl, multiprocessing and every
 netlink family: 160-200 ms per call on our machines. The message classes we need cost ~30 ms on
