@@ -28,6 +28,7 @@ class FrozenInstanceError(AttributeError):
 
 
 _MISSING = object()
+_CLASSVAR = ("ClassVar", "typing.ClassVar")  # annotations are strings (from __future__ import annotations)
 
 
 class _Field:
@@ -106,7 +107,7 @@ def record[T](cls: type[T] | None = None, /, *, frozen: bool = True) -> Any:
 
 def _make[T](cls: type[T], frozen: bool) -> type[T]:
     annotations = cls.__dict__.get("__annotations__", {})  # noqa: RUF063 (inspect is what we avoid)
-    names = [n for n, kind in annotations.items() if not str(kind).startswith(("ClassVar", "typing."))]
+    names = [n for n, kind in annotations.items() if not str(kind).startswith(_CLASSVAR)]
     defaults: dict[str, _Field] = {}
     for n in names:
         if n in cls.__dict__:

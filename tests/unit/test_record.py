@@ -128,3 +128,18 @@ def test_a_mutable_record_can_change_and_is_unhashable() -> None:
     assert c == Counter({3}, 1) and Counter().seen == set()
     with pytest.raises(TypeError, match="unhashable"):
         hash(c)
+
+
+def test_class_variables_are_no_fields() -> None:
+    import typing
+    from typing import Any, ClassVar
+
+    @record
+    class WithClassVars:
+        kind: ClassVar[str] = "k"
+        other: typing.ClassVar[int] = 1
+        value: Any = None
+        spelled: typing.Any = None
+
+    assert fields(WithClassVars) == ("value", "spelled")
+    assert WithClassVars(1, 2).kind == "k"
