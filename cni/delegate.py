@@ -105,13 +105,15 @@ def run(binary: str, stdin: bytes, env: dict[str, str]) -> tuple[int, bytes, byt
     import select
 
     fds = [*os.pipe(), *os.pipe(), *os.pipe()]  # stdin r/w, stdout r/w, stderr r/w
+    if min(fds) < 3:  # our own stdio was closed: dup2 onto it could clobber another pipe end
+        for fd in fds:
+            os.close(fd)
+        import subprocess
+
+        proc = subprocess.run([binary], input=stdin, env=env, capture_output=True, check=False)
+        return proc.returncode, proc.stdout, proc.stderr
     child, mine = (fds[0], fds[3], fds[5]), [fds[1], fds[2], fds[4]]
     try:
-        if min(fds) < 3:  # our own stdio was closed: dup2 onto it could clobber another pipe end
-            import subprocess
-
-            proc = subprocess.run([binary], input=stdin, env=env, capture_output=True, check=False)
-            return proc.returncode, proc.stdout, proc.stderr
         _no_inherited_descriptors()
         actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(child)]
         # as subprocess's restore_signals: Python ignores SIGPIPE and SIGXFSZ, an exec'd Go plugin must not
@@ -125,6 +127,10 @@ def run(binary: str, stdin: bytes, env: dict[str, str]) -> tuple[int, bytes, byt
         os.close(fd)
     try:
         out, err = _pump(select, mine, stdin)
+    except BaseException:  # as subprocess.run: the child does not outlive a failed call
+        with contextlib.suppress(OSError):
+            os.kill(pid, _signal.SIGKILL)
+        raise
     finally:
         for fd in mine:
             if fd >= 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,14 @@ def test_runtime_env_drops_what_the_bootloader_added() -> None:
     assert runtime_env(no_orig) == {"PATH": "/bin"}
     source = {"PATH": "/bin", "LD_LIBRARY_PATH": "/opt/rt/lib"}  # not frozen: untouched
     assert runtime_env(source) == source and runtime_env(source) is not source
+
+
+def test_closed_stdio_falls_back_to_subprocess_without_leaking(tmp_path: Path) -> None:
+    """With fd 0 closed, os.pipe() hands out 0: run() must not dup2 over its own pipes."""
+    binary = script(tmp_path, "cat; echo err >&2\n")
+    code = ("import os, sys; from cni.delegate import run; os.close(0);"
+            f"before = sorted(os.listdir('/proc/self/fd')); r = run({binary!r}, b'in', {{}});"
+            "after = sorted(os.listdir('/proc/self/fd')); print(r == (0, b'in', b'err\\n'), before == after)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parents[2]))
+    assert out.stdout.split() == ["True", "True"], out.stderr
