@@ -16,17 +16,15 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every 
 if TYPE_CHECKING:
     from typing import Any
 
-_DECODER: json.JSONDecoder
-_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-_INDENTED = json.JSONEncoder(ensure_ascii=False, indent=2, allow_nan=False)
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
 
 def _refuse(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
 _DECODER = json.JSONDecoder(parse_constant=_refuse)
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_INDENTED = json.JSONEncoder(ensure_ascii=False, indent=2, allow_nan=False)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def loads(data: bytes | str, what: str = "stdin") -> Any:
