@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import random
 import sqlite3
 import stat
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -94,22 +96,33 @@ class LocalStore:
                 link = e.filename if isinstance(e.filename, str) else self.path
                 raise StoreUnavailable(f"local store {link}: is a symlink; refusing to follow it") from None
             raise self._fail(e) from None
-        try:
-            conn = sqlite3.connect(
-                self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-            )
-            conn.execute("PRAGMA synchronous = NORMAL")
-            if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
-                _initialise(conn)
-        except sqlite3.Error as e:
-            raise self._fail(e) from None
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            conn = None
+            try:
+                conn = sqlite3.connect(
+                    self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+                )
+                conn.execute("PRAGMA synchronous = NORMAL")
+                if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                    _initialise(conn)
+                break
+            except sqlite3.Error as e:
+                if conn is not None:
+                    conn.close()
+                # first users of a new database racing to switch it to WAL: SQLite can answer BUSY
+                # there without waiting (the busy handler does not cover every lock step); try again
+                if _busy(e) and time.monotonic() < deadline:
+                    time.sleep(0.005 + 0.02 * random.random())
+                    continue
+                raise self._error(e) from None
         self._conn = conn
         return conn
 
     def _error(self, e: sqlite3.Error) -> Exception:
         """SQLITE_BUSY/LOCKED after the busy timeout is contention (Conflict: retried under the
         engine's deadline); any other database error means the store is not usable (code 11)."""
-        if getattr(e, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        if _busy(e):
             return Conflict(f"local store {self.path}: busy")
         return self._fail(e)
 
@@ -273,6 +286,10 @@ class LocalStore:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _busy(e: sqlite3.Error) -> bool:
+    return getattr(e, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def _refuse_symlinks(path: str) -> None:

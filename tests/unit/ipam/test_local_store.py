@@ -1,6 +1,7 @@
 """The local store beyond the contract: its indexed PoolView agrees with a snapshot under random
 histories (hints included), exclusive() is atomic, a busy database is contention (not an outage),
-the file is private and in WAL mode, and many processes can create it at once."""
+the file is private and in WAL mode, and many processes can create it at once (a BUSY answer while
+creating it is retried)."""
 
 from __future__ import annotations
 
@@ -131,6 +132,40 @@ def test_many_processes_create_the_database_at_once(tmp_path: Path) -> None:
     store = LocalStore(path)
     assert len(list(store.iter_reservations())) == 12
     store.close()
+
+
+def busy_error() -> sqlite3.OperationalError:
+    e = sqlite3.OperationalError("database is locked")
+    e.sqlite_errorcode = sqlite3.SQLITE_BUSY  # type: ignore[attr-defined]
+    return e
+
+
+def test_a_busy_answer_while_creating_the_database_is_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Concurrent first users switching a new database to WAL: SQLite can answer BUSY there without
+    waiting for its busy timeout. That is retried (within the timeout), then contention, never an
+    outage (which the CI once saw as 'database is locked' in the concurrent-create contract test)."""
+    from ipam.store import local
+
+    real, calls = local._initialise, []
+
+    def flaky(conn: sqlite3.Connection) -> None:
+        calls.append(1)
+        if len(calls) <= 3:
+            raise busy_error()
+        real(conn)
+
+    monkeypatch.setattr(local, "_initialise", flaky)
+    store = LocalStore(str(tmp_path / "db"))
+    store.put_reservation(Reservation("r1", A))
+    assert len(calls) == 4 and store.get_reservation("r1") is not None
+    store.close()
+
+    monkeypatch.setattr(local, "_initialise", lambda conn: (_ for _ in ()).throw(busy_error()))
+    stuck = LocalStore(str(tmp_path / "db2"), busy_timeout=0.1)
+    with pytest.raises(Conflict, match="busy"):
+        stuck.ping()
 
 
 def test_view_queries_use_their_indexes(tmp_path: Path) -> None:
