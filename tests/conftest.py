@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from cni.agent.client import SOCKET_ENV
-from tests import agentutil, nsutil
+from tests import agentutil, kubeup, nsutil
 
 ROOT_REASON = "needs root: creates network namespaces and links"
 
@@ -83,3 +84,24 @@ def _agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _SERVED:
         terminalreporter.write_line(f"pycni agent: served {len(_SERVED)} requests")
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kubeup.KubeServer]:
+    """One real kube-apiserver (../shared/upstream/kube-up) for the whole session; skipped, saying why,
+    only when ../shared/upstream (or etcd/kubectl) is absent."""
+    reason = kubeup.absent()
+    if reason:
+        pytest.skip(reason)
+    server = kubeup.KubeServer.start(tmp_path_factory.mktemp("kube-up"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def tenant(kube: kubeup.KubeServer, tmp_path: Path) -> kubeup.Tenant:
+    """A fresh namespace on the real server with rbac.yaml applied as shipped and tokenFile kubeconfigs
+    for the node and the reconciler ServiceAccounts."""
+    return kubeup.Tenant(kube, tmp_path / "kube")

@@ -1,0 +1,286 @@
+"""A real kube-apiserver (v1.36.2 from ../shared/upstream) for tests and benchmarks.
+
+`KubeServer.start()` runs `kube-up` (etcd + kube-apiserver on 127.0.0.1, RBAC on, the whereabouts and
+NetworkAttachmentDefinition CRDs installed; ~5 s) and `stop()` runs `kube-down` on exactly that state
+directory. Tests share one server per session (tests/conftest.py `kube`) and isolate themselves with a
+fresh namespace each (`Tenant`): a namespace deletion never finishes on this server (no namespace
+controller), so namespaces are only ever created.
+
+A `Tenant` is one namespace set up as a node is: `bundler/manifests/rbac.yaml` applied as shipped (only
+the namespace substituted, and the cluster-scoped names suffixed so tenants do not share a binding),
+ServiceAccounts `pycni-node` and `pycni-reconciler`, and for each a kubeconfig whose user is a `tokenFile`
+holding a TokenRequest token: the plugin and the reconciler authenticate exactly as in a cluster.
+
+Admin requests (setting up, reading objects behind the code's back) go through `KubeServer.request`, a
+plain http.client call with the admin token: not through the code under test.
+
+The server lives only on loopback; nothing here touches a network interface."""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import json
+import os
+import re
+import ssl
+import subprocess
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("PYCNI_SHARED") or REPO.parent / "shared")
+UPSTREAM = SHARED / "upstream"
+RBAC_YAML = REPO / "bundler" / "manifests" / "rbac.yaml"
+ABSENT_REASON = f"{UPSTREAM} is absent (the real kube-apiserver and upstream binaries live there)"
+NODE_SA, RECONCILER_SA = "pycni-node", "pycni-reconciler"
+SHIPPED_NAMESPACE = "pycni-system"
+_counter = itertools.count()
+
+
+def absent() -> str:
+    """Why the real server cannot run here ("" when it can)."""
+    if not (UPSTREAM / "kube-up").exists():
+        return ABSENT_REASON
+    for tool in ("etcd", "kubectl"):
+        if not any(Path(d, tool).exists() for d in os.environ.get("PATH", "").split(os.pathsep)):
+            return f"{tool} is not installed (make deps installs it)"
+    return ""
+
+
+def unpack(*names: str) -> Path:
+    """The directory holding the named upstream binaries, decompressed and checked."""
+    out = subprocess.run(
+        [str(UPSTREAM / "unpack"), *names], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return Path(out.splitlines()[-1])
+
+
+class ApiFailure(Exception):
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(f"{status}: {body}")
+        self.status, self.body = status, body
+
+
+class KubeServer:
+    def __init__(self, state: Path) -> None:
+        self.dir = state
+        env = dict(
+            line.split("=", 1) for line in (state / "env").read_text().splitlines() if "=" in line
+        )
+        self.url = env["APISERVER_URL"]
+        self.ca_file = env["CA_FILE"]
+        self.admin_token = env["ADMIN_TOKEN"]
+        self.admin_kubeconfig = Path(env["KUBECONFIG"])
+        self.etcd_endpoint = env["ETCD_ENDPOINT"]
+        self.pid = int(env["KUBE_APISERVER_PID"])
+        self._ssl = ssl.create_default_context(cafile=self.ca_file)
+        self._host = urlsplit(self.url)
+
+    @classmethod
+    def start(cls, parent: Path | None = None) -> KubeServer:
+        env = dict(os.environ)
+        if parent is not None:
+            env["UP_TMPDIR"] = str(parent)
+        proc = subprocess.run(
+            [str(UPSTREAM / "kube-up")], capture_output=True, text=True, env=env, check=False, timeout=300
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"kube-up failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        return cls(Path(proc.stdout.strip().splitlines()[-1]))
+
+    def stop(self) -> None:
+        subprocess.run([str(UPSTREAM / "kube-down"), str(self.dir)], capture_output=True, check=False)
+
+    # ---- admin requests -----------------------------------------------------------------------
+
+    def request(
+        self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
+        token: str | None = None, content_type: str = "application/json", raw: bool = False,
+    ) -> Any:
+        """One request as admin (or with `token`); the decoded JSON (raw: the text). ApiFailure on >= 400."""
+        conn = http.client.HTTPSConnection(
+            self._host.hostname or "127.0.0.1", self._host.port, context=self._ssl, timeout=60
+        )
+        headers = {"Authorization": f"Bearer {token or self.admin_token}", "Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            headers["Content-Type"] = content_type
+        try:
+            conn.request(method, path + ("?" + urlencode(query) if query else ""), data, headers)
+            resp = conn.getresponse()
+            text = resp.read().decode()
+        finally:
+            conn.close()
+        if resp.status >= 400:
+            try:
+                detail: Any = json.loads(text)
+            except ValueError:
+                detail = text
+            raise ApiFailure(resp.status, detail)
+        if raw:
+            return text
+        return json.loads(text) if text else {}
+
+    def create(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("POST", path, obj)
+        return result
+
+    def namespace(self, prefix: str = "t") -> str:
+        """A fresh namespace with its `default` ServiceAccount (no controller makes it here)."""
+        name = f"{prefix}-{os.getpid()}-{next(_counter)}"
+        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        self.create("/api/v1/namespaces", ns)
+        self.service_account(name, "default")
+        return name
+
+    def service_account(self, namespace: str, name: str) -> None:
+        try:
+            self.create(
+                f"/api/v1/namespaces/{namespace}/serviceaccounts",
+                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
+            )
+        except ApiFailure as e:
+            if e.status != 409:
+                raise
+
+    def token(self, namespace: str, sa: str, seconds: int = 3600) -> str:
+        doc = self.create(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+             "spec": {"expirationSeconds": seconds}},
+        )
+        return str(doc["status"]["token"])
+
+    def kubeconfig(self, path: Path, namespace: str, token_file: Path | None = None,
+                   token: str | None = None) -> Path:
+        """A kubeconfig onto this server; the user is `tokenFile` (or an inline token), 0600."""
+        user: dict[str, Any] = {"tokenFile": str(token_file)} if token_file else {"token": token}
+        doc = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [
+                {"name": "k", "cluster": {"server": self.url, "certificate-authority": self.ca_file}}
+            ],
+            "users": [{"name": "u", "user": user}],
+            "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u", "namespace": namespace}}],
+        }
+        _write_private(path, json.dumps(doc, indent=1))
+        return path
+
+    def apply(self, yaml_text: str) -> None:
+        subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.admin_kubeconfig), "apply", "-f", "-"],
+            input=yaml_text, capture_output=True, text=True, check=True,
+        )
+
+    # ---- figures ------------------------------------------------------------------------------
+
+    def metrics(self) -> str:
+        text: str = self.request("GET", "/metrics", raw=True)
+        return text
+
+    def request_counts(self) -> dict[tuple[str, str, str], float]:
+        """apiserver_request_total summed per (verb, resource, code)."""
+        out: dict[tuple[str, str, str], float] = {}
+        for line in self.metrics().splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line[: line.rindex("}")]))
+            key = (labels.get("verb", ""), labels.get("resource", ""), labels.get("code", ""))
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the API server process has used so far."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Tenant:
+    """One namespace set up as shipped: RBAC from bundler/manifests/rbac.yaml, the node's and the
+    reconciler's ServiceAccounts, and a tokenFile kubeconfig for each (0600, in `where`)."""
+
+    def __init__(self, server: KubeServer, where: Path, prefix: str = "t") -> None:
+        self.server = server
+        self.namespace = server.namespace(prefix)
+        where.mkdir(parents=True, exist_ok=True)
+        server.apply(shipped_rbac(self.namespace))
+        self.kubeconfigs: dict[str, Path] = {}
+        for sa in (NODE_SA, RECONCILER_SA):
+            server.service_account(self.namespace, sa)
+            token_file = where / f"{sa}.token"
+            _write_private(token_file, server.token(self.namespace, sa))
+            self.kubeconfigs[sa] = server.kubeconfig(
+                where / f"{sa}.kubeconfig", self.namespace, token_file=token_file
+            )
+        self.admin_kubeconfig = server.kubeconfig(
+            where / "admin.kubeconfig", self.namespace, token=server.admin_token
+        )
+
+    @property
+    def node(self) -> Path:
+        return self.kubeconfigs[NODE_SA]
+
+    @property
+    def reconciler(self) -> Path:
+        return self.kubeconfigs[RECONCILER_SA]
+
+    def path(self, resource: str, name: str = "", group: str = "whereabouts.cni.cncf.io",
+             version: str = "") -> str:
+        """The REST path of a namespaced resource here (core group: group="")."""
+        root = f"/apis/{group}/{version or 'v1alpha1'}" if group else f"/api/{version or 'v1'}"
+        return f"{root}/namespaces/{self.namespace}/{resource}" + (f"/{name}" if name else "")
+
+    def objects(self, resource: str, group: str = "whereabouts.cni.cncf.io") -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.server.request("GET", self.path(resource, group=group))["items"]
+        return items
+
+    def pools(self) -> dict[str, dict[str, Any]]:
+        """name -> spec.allocations of every IPPool in the namespace."""
+        return {o["metadata"]["name"]: o["spec"].get("allocations") or {} for o in self.objects("ippools")}
+
+    def reservations(self) -> dict[str, dict[str, Any]]:
+        return {o["metadata"]["name"]: o["spec"] for o in self.objects("overlappingrangeipreservations")}
+
+    def create_pod(self, name: str, uid_hint: str = "", node: str = "node-a",
+                   annotations: dict[str, str] | None = None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, "namespace": self.namespace}
+        if annotations:
+            meta["annotations"] = annotations
+        pod = {
+            "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": node, "automountServiceAccountToken": False,
+                     "containers": [{"name": "c", "image": "busybox"}]},
+        }
+        return self.server.create(self.path("pods", group=""), pod)
+
+    def delete_pod(self, name: str) -> None:
+        try:
+            self.server.request("DELETE", self.path("pods", name, group=""), {"gracePeriodSeconds": 0})
+        except ApiFailure as e:
+            if e.status != 404:
+                raise
+
+
+def shipped_rbac(namespace: str) -> str:
+    """bundler/manifests/rbac.yaml for `namespace`: the namespace substituted, cluster-scoped names
+    (ClusterRole, ClusterRoleBinding) suffixed with it. Rules and subjects are left as shipped."""
+    text = RBAC_YAML.read_text()
+    out = []
+    for doc in text.split("\n---\n"):
+        named = doc
+        if re.search(r"^kind: Cluster", doc, re.M):
+            # metadata.name and (bindings) roleRef.name sit at two spaces; subjects' names deeper
+            named = re.sub(r"^(  name: pycni-[a-z]+)$", rf"\1-{namespace}", doc, flags=re.M)
+        out.append(named.replace(SHIPPED_NAMESPACE, namespace))
+    return "\n---\n".join(out)
+
+
+def _write_private(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
