@@ -28,8 +28,8 @@ NOARCHIVE = os.environ.get("PYCNI_NOARCHIVE", "1") == "1"
 STRIP = os.environ.get("PYCNI_STRIP", "1") == "1"
 DROP_HOOKS = os.environ.get("PYCNI_KEEP_HOOKS", "0") != "1"
 
-# Runtime hooks run at EVERY start of every entry. pyi_rth_setuptools (collected with the kubernetes
-# client) imports setuptools: ~150 ms per call. None of these is needed: pycni never imports inspect's
+# Runtime hooks run at EVERY start of every entry. pyi_rth_setuptools (collected whenever setuptools is
+# in the graph) imports setuptools: ~150 ms per call. None of these is needed: pycni never imports inspect's
 # source helpers, pkgutil's frozen iterators, multiprocessing or setuptools at run time.
 RUNTIME_HOOKS_DROPPED = (
     "pyi_rth_inspect", "pyi_rth_pkgutil", "pyi_rth_multiprocessing", "pyi_rth_setuptools",

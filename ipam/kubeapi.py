@@ -1,18 +1,11 @@
-"""The Kubernetes API as the IPAM uses it: a kubeconfig, and JSON requests through the `kubernetes`
-client's REST layer (`kubernetes.client.rest.RESTClientObject` with its `Configuration`: urllib3, TLS
-as the kubeconfig says). Shared by the CRD store (ipam.store.kube) and the pod source (ipam.kubepods).
+"""The Kubernetes API as the IPAM uses it: a kubeconfig, and JSON requests over one kept-alive
+connection of ipam.httpconn (http.client + ssl), the same HTTP layer as the etcd store. Shared by the CRD
+store (ipam.store.kube) and the pod source (ipam.kubepods).
 
-Import cost is latency (every CNI call is a fresh process): `import kubernetes` runs the package
-__init__, which loads every API model, the dynamic client, watch, stream and leader election (270-290
-ms on the 2-core build machine). As cni.netlink.codec does for pyroute2, `kubernetes`,
-`kubernetes.client`, `kubernetes.config` and `kubernetes.utils` are registered as bare packages (their
-real search path, no __init__ run) and only `kubernetes.client.rest` and
-`kubernetes.client.configuration` are imported: ~90 ms, most of it urllib3 (`python -X importtime`;
-see the README; under load: 170 ms against 600 ms for `kubernetes.config.kube_config`). A process
-that imported the whole package first simply uses it. The kubeconfig is read here (JSON, else YAML
-via PyYAML, which the client depends on), not with `kubernetes.config.kube_config`, which pulls in
-requests, oauthlib and every model; exec credential plugins run through the client's own
-`ExecProvider`.
+Why not the `kubernetes` client: every CNI call is a fresh process, and its REST layer alone (urllib3)
+costs ~90 ms of imports; the package __init__ 270-290 ms (README: "One HTTP layer", with the figures).
+The kubeconfig is read here (JSON, else YAML through PyYAML), exec credential plugins are run here
+(`exec_token`, the ExecCredential protocol).
 
 Kubeconfig: the current context's cluster, user and namespace (upstream whereabouts' rule: the
 context namespace, `kube-system` when empty). Cluster: `server`, `certificate-authority(-data)`,
@@ -27,19 +20,18 @@ Requests have bounded timeouts (connect, read) and no hidden retries of writes; 
 from __future__ import annotations
 
 import base64
-import contextlib
-import importlib.util
+import http.client
 import os
 import shutil
-import sys
+import ssl
 import tempfile
-import types
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
 
 from cni import jsonio
 from cni.errors import ConfigError
+from ipam.httpconn import Connection, describe
 
 DEFAULT_NAMESPACE = "kube-system"  # upstream whereabouts' default (wbNamespaceFromCtx)
 TIMEOUT = (3.0, 10.0)  # connect, read: seconds per request
@@ -165,68 +157,37 @@ def load_kubeconfig(path: str) -> KubeConfig:
     return conf
 
 
-def _bare(name: str) -> None:
-    """Register package `name` without running its __init__ (see the module docstring)."""
-    if name in sys.modules:
-        return
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.submodule_search_locations is None:
-        raise ImportError(f"{name} is not installed", name=name)
-    pkg = types.ModuleType(name)
-    pkg.__path__ = list(spec.submodule_search_locations)
-    pkg.__spec__ = spec
-    pkg.__file__ = spec.origin
-    sys.modules[name] = pkg
-    if "." in name:
-        parent, child = name.rsplit(".", 1)
-        setattr(sys.modules[parent], child, pkg)
-
-
-def rest_modules() -> tuple[Any, Any]:
-    """kubernetes.client.rest and kubernetes.client.configuration, at the lowest import cost."""
-    for name in ("kubernetes", "kubernetes.client", "kubernetes.config", "kubernetes.utils"):
-        _bare(name)
-    from kubernetes.client import configuration, rest
-
-    return rest, configuration
-
-
-class _ExecNode(dict[str, Any]):
-    """The ConfigNode interface ExecProvider expects, over a plain dict."""
-
-    def safe_get(self, key: str) -> Any:
-        return self.get(key)
-
-    @property
-    def value(self) -> dict[str, Any]:
-        return dict(self)
+def tls_context(conf: KubeConfig, client_cert: str | None, client_key: str | None) -> ssl.SSLContext:
+    """The server checked against the kubeconfig's CA (system CAs without one; nothing when insecure);
+    the client certificate when given. ConfigError naming the field when a file cannot be loaded."""
+    try:
+        ctx = ssl.create_default_context(cafile=conf.ca_file or None, cadata=conf.ca_data or None)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"{FIELD}: {conf.path}: certificate-authority: {describe(e)}") from None
+    if conf.insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if client_cert or client_key:
+        try:
+            ctx.load_cert_chain(client_cert or "", client_key)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"{FIELD}: {conf.path}: client-certificate/client-key: {describe(e)}") from None
+    return ctx
 
 
 class Client:
-    """One connection pool onto the API server. Used by one thread at a time."""
+    """One kept-alive connection onto the API server (ipam.httpconn). Used by one thread at a time."""
 
     def __init__(self, conf: KubeConfig, timeout: tuple[float, float] = TIMEOUT) -> None:
         self.conf, self.timeout = conf, timeout
         self._tmp = ""
-        rest, configuration = rest_modules()
-        import urllib3
-
-        self._urllib3 = urllib3
-        self._api_exception = sys.modules["kubernetes.client.exceptions"].ApiException
-        c = configuration.Configuration(host=conf.server)
-        c.verify_ssl = not conf.insecure
-        c.ssl_ca_cert = conf.ca_file or None
-        c.ca_cert_data = conf.ca_data or None
-        c.cert_file, c.key_file = (
-            self._pem(conf.cert_file, conf.cert_data),
-            self._pem(conf.key_file, conf.key_data),
+        tls = None
+        if conf.server.startswith("https://"):
+            cert, key = self._pem(conf.cert_file, conf.cert_data), self._pem(conf.key_file, conf.key_data)
+            tls = tls_context(conf, cert, key)
+        self.http = Connection(
+            conf.server, tls, timeout[0], timeout[1], server_name=conf.tls_server_name, proxy=conf.proxy
         )
-        c.tls_server_name = conf.tls_server_name or None
-        c.proxy = conf.proxy or None
-        c.connection_pool_maxsize = 2
-        # one reconnect for a connection that never got through; never a resent write
-        c.retries = urllib3.Retry(total=1, connect=1, read=0, status=0, redirect=0, other=0)
-        self.rest = rest.RESTClientObject(c)
         self._auth = ""
         self._authorize(initial=True)
 
@@ -258,29 +219,14 @@ class Client:
         elif conf.token:
             self._auth = f"Bearer {conf.token}"
         elif conf.exec is not None:
-            self._auth = f"Bearer {self._exec_token()}"
+            self._auth = f"Bearer {exec_token(conf)}"
         elif conf.username and initial:
             raw = f"{conf.username}:{conf.password}".encode()
             self._auth = "Basic " + base64.b64encode(raw).decode()
 
-    def _exec_token(self) -> str:
-        rest_modules()
-        from kubernetes.config.config_exception import ConfigException
-        from kubernetes.config.exec_provider import ExecProvider
-
-        try:
-            provider = ExecProvider(_ExecNode(self.conf.exec or {}), os.path.dirname(self.conf.path))  # type: ignore[no-untyped-call]
-            status = provider.run()  # type: ignore[no-untyped-call]
-        except (ConfigException, OSError) as e:
-            raise Unreachable(f"exec credential plugin: {e}") from None
-        token = status.get("token") if isinstance(status, dict) else None
-        if not token:
-            raise Unreachable("exec credential plugin returned no token (client certificates: not supported)")
-        return str(token)
-
-    def url(self, path: str, query: dict[str, Any] | None = None) -> str:
+    def target(self, path: str, query: dict[str, Any] | None = None) -> str:
         q = {k: v for k, v in (query or {}).items() if v not in (None, "")}
-        return self.conf.server + path + ("?" + urlencode(q) if q else "")
+        return path + ("?" + urlencode(q) if q else "")
 
     def request(
         self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None
@@ -288,7 +234,7 @@ class Client:
         """Send one request; the decoded JSON answer. Raises ApiError or Unreachable. A 401 re-reads the
         credentials (token file, exec plugin) once and tries again."""
         for attempt in (0, 1):
-            status, data = self._send(method, self.url(path, query), body)
+            status, data = self._send(method, self.target(path, query), body)
             if status == 401 and attempt == 0 and (self.conf.token_file or self.conf.exec is not None):
                 self._authorize()
                 continue
@@ -305,38 +251,66 @@ class Client:
             raise ApiError(status, "BadResponse", f"{method} {path}: expected a JSON object")
         return doc
 
-    def _send(self, method: str, url: str, body: Any) -> tuple[int, bytes]:
+    def _send(self, method: str, target: str, body: Any) -> tuple[int, bytes]:
         headers = {"Accept": "application/json", "User-Agent": "pycni-ipam"}
         if self._auth:
             headers["Authorization"] = self._auth
+        data = None
         if body is not None:
             headers["Content-Type"] = "application/json"
+            data = body if isinstance(body, bytes) else jsonio.dumps(body)
         try:
-            r = self.rest.request(method, url, headers=headers, body=body, _request_timeout=self.timeout)
-            data = r.read()
-        except self._api_exception as e:  # TLS failures come back as status 0
-            raise Unreachable(f"{self.conf.server}: {e.reason}".strip()) from None
-        except self._urllib3.exceptions.HTTPError as e:
-            raise Unreachable(f"{self.conf.server}: {_short(e)}") from None
-        except OSError as e:
-            raise Unreachable(f"{self.conf.server}: {e}") from None
-        return int(r.status), bytes(data or b"")
+            return self.http.request(method, target, data, headers)
+        except (OSError, http.client.HTTPException) as e:
+            raise Unreachable(f"{self.conf.server}: {describe(e)}") from None
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.rest.close()
+        self.http.close()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = ""
 
 
-def _short(e: Exception) -> str:
-    """urllib3's errors wrap the reason in a long repr; keep the innermost message."""
-    reason = getattr(e, "reason", None)
-    while getattr(reason, "reason", None) is not None:
-        reason = reason.reason  # type: ignore[union-attr]
-    text = str(reason or e)
-    return text.split(": ", 1)[-1] if "object at 0x" in text else text
+EXEC_TIMEOUT = 30.0
+
+
+def exec_token(conf: KubeConfig) -> str:
+    """Run the kubeconfig's exec credential plugin (client.authentication.k8s.io ExecCredential): its
+    `command` with `args`, `env` added to ours and KUBERNETES_EXEC_INFO; the token from its stdout."""
+    spec = conf.exec or {}
+    command = str(spec.get("command") or "")
+    if not command:
+        raise ConfigError(f"{FIELD}: {conf.path}: exec: no command")
+    if "/" in command and not os.path.isabs(command):
+        command = os.path.join(os.path.dirname(os.path.abspath(conf.path)), command)
+    env = dict(os.environ)
+    for item in spec.get("env") or []:
+        if isinstance(item, dict) and "name" in item:
+            env[str(item["name"])] = str(item.get("value", ""))
+    api = str(spec.get("apiVersion") or "client.authentication.k8s.io/v1")
+    info = {"apiVersion": api, "kind": "ExecCredential", "spec": {"interactive": False}}
+    env["KUBERNETES_EXEC_INFO"] = jsonio.dumps(info).decode()
+    import subprocess
+
+    try:
+        proc = subprocess.run(
+            [command, *map(str, spec.get("args") or [])], env=env, stdin=subprocess.DEVNULL,
+            capture_output=True, timeout=EXEC_TIMEOUT, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise Unreachable(f"exec credential plugin {command}: timed out") from None
+    except OSError as e:
+        raise Unreachable(f"exec credential plugin {command}: {describe(e)}") from None
+    if proc.returncode != 0:
+        raise Unreachable(f"exec credential plugin {command} exited {proc.returncode}")
+    try:
+        status = jsonio.loads(proc.stdout, "ExecCredential").get("status") or {}
+    except Exception:
+        status = {}
+    token = status.get("token") if isinstance(status, dict) else None
+    if not token:
+        raise Unreachable("exec credential plugin returned no token (client certificates: not supported)")
+    return str(token)
 
 
 def open_client(kubeconfig: str) -> Client:

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 from cni import jsonio, log
 from cni.errors import ConfigError
+from ipam.httpconn import Connection, describe
 from ipam.store.base import StoreUnavailable
 
 CONNECT_TIMEOUT = 2.0
@@ -93,12 +94,12 @@ def tls_context(ca_file: str, cert_file: str, key_file: str) -> ssl.SSLContext:
     try:
         ctx = ssl.create_default_context(cafile=ca_file or None)
     except (OSError, ssl.SSLError) as e:
-        raise ConfigError(f"ipam.etcd_ca_cert_file: cannot load {ca_file}: {_describe(e)}") from None
+        raise ConfigError(f"ipam.etcd_ca_cert_file: cannot load {ca_file}: {describe(e)}") from None
     try:
         if cert_file:
             ctx.load_cert_chain(cert_file, key_file)
     except (OSError, ssl.SSLError) as e:
-        raise ConfigError(f"ipam.etcd_cert_file: cannot load it with its key: {_describe(e)}") from None
+        raise ConfigError(f"ipam.etcd_cert_file: cannot load it with its key: {describe(e)}") from None
     return ctx
 
 
@@ -190,7 +191,7 @@ class Gateway:
         self._cache = token_cache if username else None
         self.connect_timeout, self.request_timeout = connect_timeout, request_timeout
         self._current = 0
-        self._conn: http.client.HTTPConnection | None = None
+        self._conn: Connection | None = None
         self._token: str | None = None  # "" : auth is not enabled on the server
 
     def __repr__(self) -> str:
@@ -228,7 +229,7 @@ class Gateway:
                 status, answer = self._send(ep, method, data, headers)
                 return _decode(ep, method, status, answer)
             except (OSError, http.client.HTTPException) as e:
-                errors.append(f"{ep}: {_describe(e)}")
+                errors.append(f"{ep}: {describe(e)}")
             except Rejected as e:
                 if e.code != UNAVAILABLE:  # no leader, leader changed, request timed out: ask another
                     raise
@@ -238,39 +239,9 @@ class Gateway:
         raise StoreUnavailable(f"etcd unreachable ({'; '.join(errors)})")
 
     def _send(self, ep: Endpoint, method: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-        """One request; a kept-alive connection the server closed meanwhile is reopened once."""
-        for attempt in (0, 1):
-            reused = self._conn is not None
-            conn = self._connect(ep)
-            try:
-                conn.request("POST", f"/v3/{method}", data, headers)
-                resp = conn.getresponse()
-                return resp.status, resp.read()
-            except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
-                self.close()
-                if not reused or attempt:
-                    raise
-        raise AssertionError("unreachable")
-
-    def _connect(self, ep: Endpoint) -> http.client.HTTPConnection:
         if self._conn is None:
-            conn: http.client.HTTPConnection
-            if ep.scheme == "https":
-                ctx = self.tls or ssl.create_default_context()
-                conn = http.client.HTTPSConnection(
-                    ep.host, ep.port, timeout=self.connect_timeout, context=ctx
-                )
-            else:
-                conn = http.client.HTTPConnection(ep.host, ep.port, timeout=self.connect_timeout)
-            try:
-                conn.connect()
-            except BaseException:
-                conn.close()
-                raise
-            if conn.sock is not None:
-                conn.sock.settimeout(self.request_timeout)
-            self._conn = conn
-        return self._conn
+            self._conn = Connection(str(ep), self.tls, self.connect_timeout, self.request_timeout)
+        return self._conn.request("POST", f"/v3/{method}", data, headers)
 
     # ---- authentication -----------------------------------------------------------------------------
 
@@ -303,18 +274,6 @@ class Gateway:
         self._token = None
         if self._cache is not None:
             self._cache.forget(token)
-
-
-def _describe(e: BaseException) -> str:
-    if isinstance(e, TimeoutError):
-        return "timed out"
-    if isinstance(e, ssl.SSLCertVerificationError):
-        return f"TLS: certificate verify failed: {e.verify_message}"
-    if isinstance(e, ssl.SSLError):
-        return f"TLS: {e.reason or e}"
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    return str(e) or type(e).__name__
 
 
 def _decode(ep: Endpoint, method: str, status: int, answer: bytes) -> dict[str, Any]:
