@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 from collections.abc import Callable
 
 from cni import faults, log
-from cni.errors import CheckError, CniError, Code
-from cni.types.record import field, record
-from ipam import allocator
+from cni.errors import CheckError, CniError, Code, TryAgainError
+from ipam import allocator, batch, nodelock
 from ipam.allocator import SnapshotView
+from ipam.batch import BatchView, Claims, Op
 from ipam.config import IpamConfig
 from ipam.ranges import IPRange
 from ipam.retry import Again, Retry, retrying
@@ -29,27 +30,26 @@ from ipam.store.base import (
     PoolView,
     Reservation,
     Store,
+    StoreUnavailable,
 )
 from ipam.store.names import pool_name, reservation_name
 
 SPREAD_MAX = 32  # after lost races, pick among at most this many of the lowest free addresses
+CLUSTER_STORES = ("kubernetes", "etcd")
 
 
-@record(frozen=False)
-class _Claims:
-    blocked: set[int] = field(default_factory=set)
-    created: dict[str, str] = field(default_factory=dict)  # reservations made by this call: name -> version
-    mine: dict[str, int] = field(default_factory=dict)  # their offsets: name -> offset
-    lost: int = 0  # candidates found reserved by someone else
-
-    def spread(self) -> int:
-        """1 (the lowest free address) until two races are lost, then a window doubling per loss."""
-        return min(2 ** (self.lost - 1), SPREAD_MAX) if self.lost > 1 else 1
+def spread(claims: Claims) -> int:
+    """1 (the lowest free address) until two races are lost, then a window doubling per loss."""
+    return min(2 ** (claims.lost - 1), SPREAD_MAX) if claims.lost > 1 else 1
 
 
 class Engine:
     def __init__(self, store: Store, conf: IpamConfig, retry: Retry | None = None) -> None:
         self.store, self.conf, self.retry = store, conf, retry or Retry()
+        s = conf.store
+        self.identity = f"{s.datastore}|{s.kubernetes.kubeconfig}|{s.etcd.host}|{s.local_db}"
+        cluster = s.datastore in CLUSTER_STORES
+        self.lock_dir = os.path.join(os.path.dirname(s.local_db), "locks") if cluster else ""
 
     def pool_name(self, rng: IPRange) -> str:
         return pool_name(rng.cidr, self.conf.network_name)
@@ -81,6 +81,90 @@ class Engine:
     def _commit(self, view: PoolView, update: PoolUpdate) -> None:
         self.store.commit_pool(Pool(view.name, view.range, {}, view.version), update)
 
+    def _atomic(self, pool: str = "", node: str = "") -> contextlib.AbstractContextManager[None]:
+        """One attempt's read-modify-write: the store's exclusive() (local), a node-local lock per pool
+        (cluster stores: ipam.nodelock), else nothing."""
+        exclusive = getattr(self.store, "exclusive", None)
+        if exclusive is not None:
+            return exclusive()  # type: ignore[no-any-return]
+        if self.lock_dir and pool:
+            return nodelock.held(nodelock.path_for(self.lock_dir, self.identity, node, pool))
+        return contextlib.nullcontext()
+
+    # ---- batches: ADD and DEL ---------------------------------------------------------------------
+
+    def _run(self, ops: list[Op]) -> None:
+        """Run ops of one range (one pool) to completion through the process' combiner for the pool (in
+        the agent, concurrent calls share one write); raise an op's own error."""
+        now = self.retry.clock()
+        for op in ops:
+            op.started = now
+        name = self.pool_name(ops[0].rng)
+        what = f"{'allocating' if ops[0].kind == 'add' else 'releasing'} in {ops[0].rng.cidr}"
+        batch.combiner((self.identity, name)).run(
+            ops, lambda group: self._retrying(what, lambda: self._step(name, group))
+        )
+        for op in ops:
+            if op.error is not None:
+                raise op.error
+
+    def _step(self, name: str, ops: list[Op]) -> None:
+        """One read-modify-write of pool `name` for every op of the batch not yet done: each decided in
+        turn against the pool plus the decisions before it, then one write. A Conflict on the write
+        leaves every op pending (the retry reads the pool again; reservations already made are kept)."""
+        pending = [op for op in ops if not op.done]
+        if not pending:
+            return
+        decided = []
+        with self._atomic(name, pending[0].owner.node):
+            view = self._view(pending[0].rng)
+            changes = BatchView(view)
+            for op in pending:
+                try:
+                    if op.kind == "add":
+                        self._decide_add(op, changes)
+                    else:
+                        update = allocator.release(changes, op.owner)
+                        changes.apply(update)
+                        op.offsets = [int(k) for k in update.remove if k.isdigit()]
+                except (StoreUnavailable, Conflict):
+                    raise
+                except CniError as e:  # this op's own failure (pool exhausted, candidates keep going)
+                    op.error, op.done = e, True
+                    continue
+                decided.append(op)
+            update = changes.update()
+            if update and (view.version is not None or update.put):
+                self._commit(view, update)
+                faults.point("store-commit")  # tests: inside the store transaction, before it ends
+        for op in decided:
+            op.done = True
+            if op.kind == "add":
+                log.debug("%s %s: %s (%s)", op.owner.container_id, op.owner.ifname,
+                          op.rng.address(op.offsets[0]), name)  # fmt: skip
+
+    def _decide_add(self, op: Op, changes: BatchView) -> None:
+        # stores that serialise writers (exclusive()) never lose races: no spread there
+        serial = getattr(self.store, "exclusive", None) is not None
+        while True:
+            decision = allocator.allocate(
+                op.rng, changes, op.owner, frozenset(op.claims.blocked), sorted(op.claims.mine.values()),
+                1 if serial else spread(op.claims), pick=lambda n: int(self.retry.rand() * n),
+            )  # fmt: skip
+            if op.overlapping:
+                try:
+                    self._claim(op, decision)
+                except Again:
+                    if self.retry.clock() - op.started > self.retry.deadline:
+                        raise TryAgainError(
+                            f"allocating in {op.rng.cidr}: gave up: candidates keep being taken elsewhere"
+                        ) from None
+                    continue
+                faults.point("store-reserve")  # tests: the address reserved, the pool not yet written
+            changes.apply(decision.update)
+            op.offsets = [decision.offset]
+            return
+
     # ---- ADD --------------------------------------------------------------------------------------
 
     def add(self, owner: Allocation) -> list[tuple[IPRange, int]]:
@@ -99,65 +183,39 @@ class Engine:
         return done
 
     def _add_range(self, rng: IPRange, owner: Allocation) -> int:
-        claims = _Claims()
+        op = Op("add", rng, owner, self.conf.overlapping)
         keep = ""
         try:
-            offset = self._retrying(
-                f"allocating in {rng.cidr}", lambda: self._add_attempt(rng, owner, claims)
-            )
+            self._run([op])
+            offset = op.offsets[0]
             keep = self.reservation_name(rng, offset) if self.conf.overlapping else ""
             return offset
         finally:
-            self._drop_claims(claims, keep, owner)
+            self._drop_claims(op.claims, keep, owner)
 
-    def _atomic(self) -> contextlib.AbstractContextManager[None]:
-        exclusive = getattr(self.store, "exclusive", None)
-        return exclusive() if exclusive is not None else contextlib.nullcontext()
-
-    def _add_attempt(self, rng: IPRange, owner: Allocation, claims: _Claims) -> int:
-        with self._atomic():
-            return self._add_once(rng, owner, claims)
-
-    def _add_once(self, rng: IPRange, owner: Allocation, claims: _Claims) -> int:
-        view = self._view(rng)
-        # stores that serialise writers (exclusive()) never lose races: no spread there
-        spread = 1 if getattr(self.store, "exclusive", None) is not None else claims.spread()
-        decision = allocator.allocate(
-            rng, view, owner, frozenset(claims.blocked), sorted(claims.mine.values()), spread,
-            pick=lambda n: int(self.retry.rand() * n),
-        )
-        if self.conf.overlapping:
-            self._claim(rng, decision, owner, claims)
-            faults.point("store-reserve")  # tests: the address reserved, the pool not yet written
-        if decision.update:
-            self._commit(view, decision.update)
-            faults.point("store-commit")  # tests: inside the store transaction, before it ends
-        log.debug(
-            "%s %s: %s %s (%s)",
-            owner.container_id,
-            owner.ifname,
-            decision.kind,
-            rng.address(decision.offset),
-            view.name,
-        )
-        return decision.offset
-
-    def _claim(self, rng: IPRange, decision: allocator.Decision, owner: Allocation, claims: _Claims) -> None:
+    def _claim(self, op: Op, decision: allocator.Decision) -> None:
+        """The cluster-wide reservation of the decided address: created (POST first: one request when it
+        is free), kept when this attachment holds it, taken over for the same pod and interface; a
+        candidate held by someone else is blocked and Again asks for another."""
+        rng, owner, claims = op.rng, op.owner, op.claims
         name = self.reservation_name(rng, decision.offset)
         if claims.mine.get(name) == decision.offset:
             return  # created by this call (a lost pool commit leaves it ours): no need to read it again
-        res = self.store.get_reservation(name)
-        if res is None:
-            try:
-                claims.created[name] = self.store.put_reservation(Reservation(name, owner))
-            except Conflict:  # a racer created it since the read: judged again at once, no backoff
-                claims.lost += 1
-                raise Again() from None
+        try:
+            claims.created[name] = self.store.put_reservation(Reservation(name, owner))
             claims.mine[name] = decision.offset
-        elif res.owner.same_attachment(owner):
             return
-        elif res.owner.same_pod_interface(owner) or _legacy_same_pod(res.owner, owner):
-            version = self.store.put_reservation(Reservation(name, owner, res.version))
+        except Conflict:  # it exists: whose is it?
+            res = self.store.get_reservation(name)
+        if res is None:  # deleted since: judged again at once
+            raise Again()
+        if res.owner.same_attachment(owner):
+            return
+        if res.owner.same_pod_interface(owner) or _legacy_same_pod(res.owner, owner):
+            try:
+                version = self.store.put_reservation(Reservation(name, owner, res.version))
+            except Conflict:
+                raise Again() from None
             if name in claims.created:
                 claims.created[name] = version
         elif decision.kind == "new":
@@ -177,7 +235,7 @@ class Engine:
                 res.owner.ifname,
             )
 
-    def _drop_claims(self, claims: _Claims, keep: str, owner: Allocation) -> None:
+    def _drop_claims(self, claims: Claims, keep: str, owner: Allocation) -> None:
         """Reservations this call created for candidates it did not end up with."""
         for name, version in claims.created.items():
             if name == keep:
@@ -199,11 +257,12 @@ class Engine:
 
     def _delete_range(self, rng: IPRange, owner: Allocation) -> bool:
         """Release one range; False when the pool held nothing of this attachment."""
-        freed = self._retrying(f"releasing in {rng.cidr}", lambda: self._release(rng, owner))
+        op = Op("del", rng, owner, self.conf.overlapping)
+        self._run([op])
         if self.conf.overlapping:
-            for offset in freed:
+            for offset in op.offsets:
                 self._unclaim(self.reservation_name(rng, offset), owner.same_attachment)
-        return bool(freed)
+        return bool(op.offsets)
 
     def _sweep_reservations(self, owner: Allocation) -> None:
         """A pool without this attachment may still leave its reservation behind: an ADD killed between
@@ -219,15 +278,6 @@ class Engine:
             log.info("reservation %s of %s/%s has no pool entry: released", name, owner.container_id,
                      owner.ifname)
             self._unclaim(name, owner.same_attachment)
-
-    def _release(self, rng: IPRange, owner: Allocation) -> list[int]:
-        """Remove this attachment's allocations from one pool (an indexed lookup, no full load)."""
-        with self._atomic():
-            view = self._view(rng)
-            remove = allocator.release(view, owner).remove
-            if remove and view.version is not None:
-                self._commit(view, PoolUpdate(remove=remove))
-            return [int(k) for k in remove if k.isdigit()]
 
     def _release_where(self, rng: IPRange, doomed: Callable[[Allocation], bool]) -> list[int]:
         """Remove every allocation `doomed` picks from one pool (GC: reads the whole pool)."""

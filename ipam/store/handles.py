@@ -31,7 +31,11 @@ class _Cache:
 
 
 def keep_warm(enabled: bool = True) -> None:
-    """The agent calls this once at start-up; plugin processes never do."""
+    """The agent calls this once at start-up; plugin processes never do. Concurrent calls on one pool
+    then also share its writes (ipam.batch.share)."""
+    from ipam import batch
+
+    batch.share(enabled)
     _Cache.enabled = enabled
     if not enabled:
         clear()

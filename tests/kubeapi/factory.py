@@ -157,7 +157,8 @@ def concurrency_target(tmp: Path) -> Iterator[Any]:
     emu = Emulator()
     try:
         kubeconfig = emu.kubeconfig(tmp / "node.kubeconfig", token="node-token")
-        ipam = {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig)}}
+        ipam = {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig)},
+                "local_db": str(tmp / "state" / "whereabouts.db")}  # node-local state (locks) in tmp
         yield Target(ipam, lambda: open_kube(kubeconfig, page=100))
     finally:
         emu.stop()

@@ -5,8 +5,9 @@ next one), it keeps a reservation it already made, and conflicts count as progre
 from __future__ import annotations
 
 from ipam import allocator
+from ipam.batch import Claims
 from ipam.config import from_dict
-from ipam.engine import SPREAD_MAX, Engine, _Claims
+from ipam.engine import SPREAD_MAX, Engine, spread
 from ipam.retry import Retry
 from ipam.store.base import Allocation, Pool, Reservation
 from ipam.store.memory import Backend, MemoryStore
@@ -34,14 +35,14 @@ def test_a_reservation_already_made_is_preferred_while_free() -> None:
 
 
 def test_spread_grows_only_after_races_lost_on_this_network() -> None:
-    c = _Claims()
-    assert c.spread() == 1
+    c = Claims()
+    assert spread(c) == 1
     c.lost = 1
-    assert c.spread() == 1  # one block may be a steady holder (another pool): still the lowest
+    assert spread(c) == 1  # one block may be a steady holder (another pool): still the lowest
     c.lost = 3
-    assert c.spread() == 4
+    assert spread(c) == 4
     c.lost = 40
-    assert c.spread() == SPREAD_MAX
+    assert spread(c) == SPREAD_MAX
 
 
 def test_racers_reservations_spread_the_next_pick() -> None:

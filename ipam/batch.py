@@ -1,0 +1,154 @@
+"""Several IPAM operations on one pool in one read-modify-write: the pieces ipam.engine batches with.
+
+- `Op`: one attachment's ADD or DEL in one range, with what it has claimed so far; `done` once its part
+  of a committed write (or its own error) is final.
+- `BatchView`: a PoolView over the stored pool plus the changes decided earlier in the same batch, so
+  two operations of one batch never pick the same address, and one write commits them all.
+- `Combiner`: flat combining across the threads of one process (the node-local agent). Each thread
+  queues its operations on the pool's combiner and takes the combiner's lock; whoever holds it runs
+  everything queued so far as one batch, so N concurrent calls on one pool cost one pool write instead
+  of N racing ones, and their threads return as soon as a batch holding their operation is done. A
+  plugin process has one operation: its batch is just that one (`Combiner.run` without sharing)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable, Sequence, Set
+
+from cni.types.record import field, record
+from ipam.ranges import IPRange
+from ipam.store.base import Allocation, PoolUpdate, PoolView, Segment
+
+MAX_BATCH = 128  # operations in one pool write (bounds a write's size and its retry cost)
+
+
+@record(frozen=False)
+class Claims:
+    blocked: set[int] = field(default_factory=set)
+    created: dict[str, str] = field(default_factory=dict)  # reservations made by this op: name -> version
+    mine: dict[str, int] = field(default_factory=dict)  # their offsets: name -> offset
+    lost: int = 0  # candidates found reserved by someone else on this network
+
+
+@record(frozen=False)
+class Op:
+    kind: str  # "add" | "del"
+    rng: IPRange
+    owner: Allocation
+    overlapping: bool
+    claims: Claims = field(default_factory=Claims)
+    offsets: list[int] = field(default_factory=list)  # add: [the address]; del: the offsets freed
+    started: float = 0.0
+    error: BaseException | None = None
+    done: bool = False
+
+
+def _numeric(item: tuple[str, Allocation]) -> tuple[int, str]:
+    return len(item[0]), item[0]
+
+
+class BatchView:
+    """`base` with this batch's decisions applied. Offsets freed in the batch stay taken until the write
+    commits (a freed address is never handed out again by the same write)."""
+
+    def __init__(self, base: PoolView) -> None:
+        self.base = base
+        self.put: dict[str, Allocation] = {}
+        self.remove: set[str] = set()
+        self._held: set[int] = set()
+
+    @property
+    def name(self) -> str:
+        return self.base.name
+
+    @property
+    def range(self) -> str:
+        return self.base.range
+
+    @property
+    def version(self) -> str | None:
+        return self.base.version
+
+    def count(self) -> int:
+        return self.base.count() + len(self._held)
+
+    def owned(self, owner: Allocation, by_pod: bool = False) -> list[tuple[str, Allocation]]:
+        match = owner.same_pod_interface if by_pod else owner.same_attachment
+        changed = self.remove | self.put.keys()
+        out = [(k, a) for k, a in self.base.owned(owner, by_pod) if k not in changed]
+        out += [(k, a) for k, a in self.put.items() if match(a)]
+        return sorted(out, key=_numeric)
+
+    def lowest_free(self, segments: Sequence[Segment], blocked: Set[int]) -> int | None:
+        return self.base.lowest_free(segments, set(blocked) | self._held if self._held else blocked)
+
+    def apply(self, update: PoolUpdate) -> None:
+        for key in update.remove:
+            self.put.pop(key, None)
+            self.remove.add(key)
+            if key.isdigit():
+                self._held.add(int(key))
+        for key, owner in update.put.items():
+            self.remove.discard(key)
+            self.put[key] = owner
+            if key.isdigit():
+                self._held.add(int(key))
+
+    def update(self) -> PoolUpdate:
+        return PoolUpdate(put=dict(self.put), remove=frozenset(self.remove))
+
+
+class Combiner:
+    """One per pool (and store) in a process; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._turn = threading.Lock()  # held by the thread running a batch
+        self._queue_lock = threading.Lock()
+        self._queue: list[Op] = []
+
+    def run(self, ops: Sequence[Op], execute: Callable[[list[Op]], None]) -> None:
+        """Queue `ops`, then run batches until they are done. `execute` must leave every op of its
+        batch done or raise; a raised error becomes the error of every op of the batch not yet done."""
+        with self._queue_lock:
+            self._queue.extend(ops)
+        while not all(op.done for op in ops):
+            with self._turn:
+                if all(op.done for op in ops):
+                    return
+                with self._queue_lock:
+                    batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                if not batch:
+                    continue
+                try:
+                    execute(batch)
+                except BaseException as e:
+                    for op in batch:
+                        if not op.done:
+                            op.error, op.done = e, True
+                    if any(op in ops for op in batch) and not isinstance(e, Exception):
+                        raise  # KeyboardInterrupt, SystemExit: this thread's own business
+
+
+class _Registry:
+    enabled = False
+    lock = threading.Lock()
+    combiners: dict[Hashable, Combiner] = {}
+
+
+def share(enabled: bool = True) -> None:
+    """The agent turns this on once: concurrent calls of the process on one pool then share writes."""
+    _Registry.enabled = enabled
+    if not enabled:
+        with _Registry.lock:
+            _Registry.combiners.clear()
+
+
+def combiner(key: Hashable) -> Combiner:
+    """The process' combiner for `key` when sharing is on, else a private one (a batch of one call)."""
+    if not _Registry.enabled:
+        return Combiner()
+    with _Registry.lock:
+        found = _Registry.combiners.get(key)
+        if found is None:
+            found = _Registry.combiners[key] = Combiner()
+        return found

@@ -1,0 +1,126 @@
+"""One writer per pool per node: a flock on a node-local file around each read-modify-write of a pool in a
+cluster store (Kubernetes, etcd).
+
+Concurrent plugin processes on one node then queue for a few milliseconds instead of racing through the
+API server with compare-and-swap (where every lost race costs the server a full read and a full write
+of the pool). Correctness never depends on it: the compare-and-swap still decides, and a node whose lock
+directory cannot be used (read-only, missing permissions) simply runs without it. The lock is held only
+for one attempt (read, reservations, write), never during a backoff, and is released by the kernel when
+a process dies holding it.
+
+Waiting is bounded the way conflicts are (ipam.retry): waiting behind writers that make progress is fine
+for up to LIMIT, but a holder that makes no progress for PATIENCE (hung) ends the wait with code 11.
+Progress is a counter in the lock file that every holder increments. A plugin process (main thread)
+blocks in flock and is woken by the kernel the moment the lock is free, with a timer to look at the
+counter; other threads (the agent's, where only one thread per pool and process ever waits) poll.
+
+Files: `<dir>/<sha256(store, node, pool)[:32]>.lock`, 0600, created once per pool and left in place (a
+file that is unlinked while others wait on it would split the queue). `dir` is `locks/` beside the
+local database (`local_db`, default /var/lib/cni/pycni), a node-local directory the agent mounts too.
+The node name is part of the key so that simulated nodes sharing one machine (benchmarks, tests) do not
+queue behind each other."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+from cni import log
+from cni.errors import TryAgainError
+
+PATIENCE = 10.0  # seconds without any holder making progress before a waiter gives up
+LIMIT = 120.0  # absolute bound on one wait (upstream whereabouts' ADD limit)
+POLL = (0.001, 0.02)  # first and longest sleep between tries when polling, seconds
+
+
+class _NoProgress(Exception):
+    pass
+
+
+def path_for(directory: str, identity: str, node: str, pool: str) -> str:
+    digest = hashlib.sha256("\0".join((identity, node, pool)).encode()).hexdigest()[:32]
+    return os.path.join(directory, f"{digest}.lock")
+
+
+def _counter(fd: int) -> int:
+    return int.from_bytes(os.pread(fd, 8, 0).ljust(8, b"\0"), "little")
+
+
+@contextlib.contextmanager
+def held(path: str, patience: float = PATIENCE, limit: float = LIMIT) -> Iterator[None]:
+    """Hold the lock at `path` for the body; without it (logged) when the file cannot be opened."""
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        log.debug("node lock %s unavailable (%s): running without it", path, e.strerror)
+        yield
+        return
+    try:
+        try:
+            if threading.current_thread() is threading.main_thread():
+                _block(fd, patience, limit)
+            else:
+                _poll(fd, patience, limit)
+        except _NoProgress:
+            raise TryAgainError(
+                f"node lock {path}: held elsewhere without progress for {patience:g}s"
+            ) from None
+        os.pwrite(fd, ((_counter(fd) + 1) % 2**63).to_bytes(8, "little"), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _progress(fd: int, seen: list[int], since: list[float], start: float, patience: float,
+              limit: float) -> None:
+    """Raise _NoProgress unless the counter moved within `patience` (and `limit` is not past)."""
+    now = time.monotonic()
+    value = _counter(fd)
+    if value != seen[0]:
+        seen[0], since[0] = value, now
+    if now - since[0] >= patience or now - start >= limit:
+        raise _NoProgress()
+
+
+def _poll(fd: int, patience: float, limit: float) -> None:
+    start = time.monotonic()
+    seen, since = [_counter(fd)], [start]
+    pause = POLL[0]
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            _progress(fd, seen, since, start, patience, limit)
+            time.sleep(pause)
+            pause = min(pause * 2, POLL[1])
+
+
+def _block(fd: int, patience: float, limit: float) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    import signal
+
+    start = time.monotonic()
+    seen, since = [_counter(fd)], [start]
+
+    def look(signum: int, frame: object) -> None:  # a wake-up in flock: raise to stop waiting
+        _progress(fd, seen, since, start, patience, limit)
+
+    check = min(1.0, patience / 4)
+    previous = signal.signal(signal.SIGALRM, look)
+    signal.setitimer(signal.ITIMER_REAL, check, check)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # restarted after each look() that returns (PEP 475)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -1,0 +1,220 @@
+"""Batched pool writes (ipam.batch, ipam.engine): BatchView's bookkeeping, the flat combiner sharing one
+write between concurrent threads of one process (the agent), and the node-local pool lock
+(ipam.nodelock) queueing writers of one node."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni.errors import TryAgainError
+from ipam import batch, nodelock
+from ipam.allocator import SnapshotView, allocate
+from ipam.batch import BatchView, Combiner, Op
+from ipam.config import from_dict
+from ipam.engine import Engine
+from ipam.ranges import IPRange
+from ipam.store.base import Allocation, Pool, PoolUpdate
+from ipam.store.memory import Backend, MemoryStore
+
+A = Allocation("ca", "ns/a", "net1", "", "n", "node1")
+B = Allocation("cb", "ns/b", "net1", "", "n", "node1")
+C = Allocation("cc", "ns/c", "net1", "", "n", "node1")
+RANGE = "198.51.100.0/24"
+
+
+def rng() -> IPRange:
+    return from_dict({"range": RANGE}).ranges[0]
+
+
+def test_batch_view_hides_removed_and_shows_decided_entries() -> None:
+    view = BatchView(SnapshotView(Pool("p", RANGE, {"1": A, "2": B})))
+    r = rng()
+    first = allocate(r, view, C)
+    assert first.offset == 3
+    view.apply(first.update)
+    view.apply(PoolUpdate(remove=frozenset({"1"})))
+    assert view.owned(C) == [("3", C)] and view.owned(A) == []
+    # a freed offset is not handed out again by the same write; the next free one is
+    assert allocate(r, view, Allocation("cd", "ns/d", "net1")).offset == 4
+    assert view.update() == PoolUpdate(put={"3": C}, remove=frozenset({"1"}))
+
+
+class CountingStore(MemoryStore):
+    """A memory store that counts pool writes and makes each one slow enough for others to queue."""
+
+    def __init__(self, backend: Backend, writes: list[int], pause: float) -> None:
+        super().__init__(backend)
+        self.writes, self.pause = writes, pause
+
+    def commit_pool(self, pool: Pool, update: PoolUpdate) -> str:
+        self.writes.append(len(update.put) + len(update.remove))
+        time.sleep(self.pause)
+        return super().commit_pool(pool, update)
+
+
+def _engine(backend: Backend, writes: list[int], pause: float = 0.02, **ipam: Any) -> Engine:
+    conf = from_dict({"range": RANGE, "datastore": "kubernetes",
+                      "kubernetes": {"kubeconfig": "/nonexistent"}, **ipam})  # fmt: skip
+    return Engine(CountingStore(backend, writes, pause), conf)
+
+
+@pytest.fixture
+def shared() -> Any:
+    batch.share(True)
+    yield
+    batch.share(False)
+
+
+def _concurrently(n: int, call: Any) -> list[Any]:
+    out: list[Any] = [None] * n
+    errors: list[BaseException] = []
+    start = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            out[i] = call(i)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return out
+
+
+def test_concurrent_calls_in_one_process_share_writes(shared: None, tmp_path: Path) -> None:
+    backend, writes = Backend(), []
+    n = 24
+    owners = [Allocation(f"c{i}", f"ns/p{i}", "net1", "", "n", "node1") for i in range(n)]
+
+    def add(i: int) -> str:
+        r, offset = _engine(backend, writes, local_db=str(tmp_path / "db")).add(owners[i])[0]
+        return str(r.address(offset))
+
+    got = _concurrently(n, add)
+    assert len(set(got)) == n  # every call its own address
+    pool = backend.pools["198.51.100.0-24"]
+    assert sorted(pool.allocations) == sorted(str(i) for i in range(1, n + 1))
+    assert sum(writes) == n and len(writes) < n  # every op written once, in fewer writes than calls
+    assert max(writes) > 1
+    # and the reservations agree with the pool, one per address
+    assert {r.owner.container_id for r in backend.reservations.values()} == {o.container_id for o in owners}
+
+    removed: list[int] = []
+    _concurrently(n, lambda i: _engine(backend, removed, local_db=str(tmp_path / "db")).delete(owners[i]))
+    assert backend.pools["198.51.100.0-24"].allocations == {} and backend.reservations == {}
+    assert sum(removed) == n and len(removed) < n
+
+
+def test_without_sharing_each_call_writes_alone(tmp_path: Path) -> None:
+    backend, writes = Backend(), []
+    owners = [Allocation(f"c{i}", f"ns/p{i}", "net1", "", "n", "node1") for i in range(6)]
+    _concurrently(6, lambda i: _engine(backend, writes, 0.0, local_db=str(tmp_path / "db")).add(owners[i]))
+    assert writes == [1] * 6
+    assert len(backend.pools["198.51.100.0-24"].allocations) == 6
+
+
+def test_an_op_failing_alone_does_not_fail_its_batch(shared: None, tmp_path: Path) -> None:
+    """A /30 has two addresses: in one batch of three ADDs, one is told the pool is exhausted (code 100)
+    and the other two are written."""
+    backend, writes = Backend(), []
+    owners = [Allocation(f"c{i}", f"ns/p{i}", "net1", "", "n", "node1") for i in range(3)]
+
+    def add(i: int) -> int | str:
+        e = _engine(backend, writes, range="198.51.100.0/30", local_db=str(tmp_path / "db"))
+        try:
+            return e.add(owners[i])[0][1]
+        except Exception as err:  # the exhausted one
+            return f"{type(err).__name__}:{getattr(err, 'code', '')}"
+
+    got = _concurrently(3, add)
+    assert sorted(x for x in got if isinstance(x, int)) == [1, 2]
+    assert [x for x in got if isinstance(x, str)] == ["ExhaustedError:100"]
+
+
+def test_combiner_runs_queued_ops_of_other_threads() -> None:
+    comb = Combiner()
+    ran: list[list[str]] = []
+    inside = threading.Event()
+    release = threading.Event()
+    r = rng()
+    ops = {k: Op("add", r, Allocation(k, "", "net1"), False) for k in "abc"}
+
+    def execute(group: list[Op]) -> None:
+        ran.append([op.owner.container_id for op in group])
+        if len(ran) == 1:
+            inside.set()
+            assert release.wait(30)
+        for op in group:
+            op.done = True
+
+    first = threading.Thread(target=comb.run, args=([ops["a"]], execute))
+    first.start()
+    assert inside.wait(30)
+    others = [threading.Thread(target=comb.run, args=([ops[k]], execute)) for k in "bc"]
+    for t in others:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(comb._queue) < 2 and time.monotonic() < deadline:  # both queued behind the running batch
+        time.sleep(0.005)
+    release.set()
+    for t in (first, *others):
+        t.join(30)
+    assert ran[0] == ["a"] and sorted(ran[1]) == ["b", "c"] and len(ran) == 2
+
+
+def test_combiner_error_reaches_every_op_of_the_batch() -> None:
+    comb = Combiner()
+    ops = [Op("del", rng(), Allocation(k, "", "net1"), False) for k in "ab"]
+
+    def execute(group: list[Op]) -> None:
+        raise TryAgainError("store down")
+
+    comb.run(ops, execute)
+    assert all(op.done and isinstance(op.error, TryAgainError) for op in ops)
+
+
+def test_node_lock_queues_holders_and_bounds_the_wait(tmp_path: Path) -> None:
+    path = nodelock.path_for(str(tmp_path / "locks"), "store", "node1", "pool")
+    assert nodelock.path_for(str(tmp_path / "locks"), "store", "node2", "pool") != path
+    with nodelock.held(path):
+        assert (os.stat(path).st_mode & 0o777) == 0o600
+        # another holder (another open file description) waits, here past its bound
+        with pytest.raises(TryAgainError, match="without progress"), nodelock.held(path, patience=0.05):
+            pass
+    with nodelock.held(path, patience=0.05):  # released: free again
+        pass
+
+
+def test_node_lock_directory_unusable_runs_without_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with nodelock.held(str(blocker / "locks" / "x.lock")):  # a parent that is a file: no lock, no error
+        pass
+
+
+def test_cluster_store_attempts_hold_the_node_lock(tmp_path: Path) -> None:
+    """Each read-modify-write of a cluster store's pool holds the node's lock for that pool: a holder
+    elsewhere makes the call wait (here: past its bound, code 11), and the lock file is beside local_db."""
+    backend, writes = Backend(), []
+    e = _engine(backend, writes, 0.0, local_db=str(tmp_path / "state" / "ipam.db"))
+    lock = nodelock.path_for(str(tmp_path / "state" / "locks"), e.identity, "node1", "198.51.100.0-24")
+    e.add(A)
+    assert os.path.exists(lock)
+    with nodelock.held(lock):
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (e.add(B), done.set()))
+        t.start()
+        assert not done.wait(0.3)  # queued behind the holder
+    t.join(30)
+    assert done.is_set() and len(backend.pools["198.51.100.0-24"].allocations) == 2
