@@ -134,6 +134,11 @@ class MultusNode:
         status: list[dict[str, Any]] = json.loads(annotations[STATUS])
         return status
 
+    def caches(self) -> list[str]:
+        """Files Multus (scratch cache, its libcni's results) and the runtime's libcni keep."""
+        return sorted(str(p) for d in (self.tmp / "multus-cache", self.tmp / "runtime-cache")
+                      if d.is_dir() for p in d.rglob("*") if p.is_file())
+
     def log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else "(no multus log)"
 
@@ -199,6 +204,7 @@ def test_macvlan_whereabouts_and_host_device_in_one_pod(mnode: MultusNode) -> No
 
     add = mn.run("add", pod)
     assert add.ok, (add.out, add.stderr, mn.log_tail())
+    assert mn.caches(), "Multus and libcni cached the attachment"
 
     # inside the pod: eth0 from the cluster network, net1 (macvlan) and net2 (the NIC) from the NADs
     links = pod_links(topo, pod.netns)
@@ -251,6 +257,7 @@ def test_macvlan_whereabouts_and_host_device_in_one_pod(mnode: MultusNode) -> No
         assert entries(mn) == ({}, {})
         assert mn.node.files(f"{DEVICES}/attachments") == []
         assert mn.node.files(f"{DEVICES}/owners") == []
+        assert mn.caches() == []
 
 
 def test_sriov_vf_from_the_device_plugin(mnode: MultusNode) -> None:
@@ -274,6 +281,7 @@ def test_sriov_vf_from_the_device_plugin(mnode: MultusNode) -> None:
 
     add = mn.run("add", pod)
     assert add.ok, (add.out, add.stderr, mn.log_tail())
+    assert mn.caches(), "Multus and libcni cached the attachment"
     links = pod_links(topo, pod.netns)
     assert sorted(links) == ["eth0", "net1"], links
     assert topo.addrs(pod.netns, "net1") == [want]
@@ -306,3 +314,4 @@ def test_sriov_vf_from_the_device_plugin(mnode: MultusNode) -> None:
         assert entries(mn) == ({}, {})
         assert mn.node.files(f"{DEVICES}/attachments") == []
         assert mn.node.files(f"{DEVICES}/owners") == []
+        assert mn.caches() == []
