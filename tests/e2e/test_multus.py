@@ -1,12 +1,14 @@
 """Multus (the v4.3.0 thin plugin, ../shared/upstream) delegating to our plugins, called as a runtime
 calls it: through libcni (the driver), with the kubelet's CNI_ARGS, against the real kube-apiserver.
 
-The NetworkAttachmentDefinitions are conf-examples/kubernetes/ as shipped; only the macvlan master and
-the IPAM's kubeconfig (the tenant's node ServiceAccount, as the installer would point it) are
-substituted. The Pod carries the `k8s.v1.cni.cncf.io/networks` annotation; its devices come from the
-kubelet device-plugin checkpoint Multus reads (a fixed path: /var/lib is the test's own directory in a
-private mount namespace, tests/e2e/node.py), naming PCI addresses of a fake sysfs (tests/devlab.py)
-whose netdevs are veth ends. The cluster network is Debian's ptp + host-local.
+The NetworkAttachmentDefinitions are conf-examples/kubernetes/ as shipped, created in the test's
+namespace; only the macvlan master and the IPAM's kubeconfig are substituted (the NADs leave the
+kubeconfig to the node's flat file; here it is set inline to the tenant's node ServiceAccount
+kubeconfig, tokenFile as the installer writes it). The Pod carries the `k8s.v1.cni.cncf.io/networks`
+annotation; its devices come from the kubelet device-plugin checkpoint Multus reads (a fixed path:
+/var/lib is the test's own directory in a private mount namespace, tests/e2e/node.py), naming PCI
+addresses of a fake sysfs (tests/devlab.py) whose netdevs are veth ends. The cluster network is
+Debian's ptp + host-local.
 
 Multus itself uses an admin kubeconfig (it is not our product); every directory it can be given
 (confDir, cniDir, binDir, logFile) is in tmp_path."""
@@ -27,6 +29,7 @@ import pytest
 import yaml
 
 from cni import jsonio
+from cni.registry import PLUGINS
 from tests import kubeup
 from tests.devlab import NIC_PCI, VF_PCIS, Lab
 from tests.e2e import bundle_driver
@@ -39,11 +42,10 @@ STATUS = "k8s.v1.cni.cncf.io/network-status"
 CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 DEVICES = "/var/lib/cni/pycni/devices"  # the device plugins' default stateDir (the NADs set none)
 CLUSTER_NET = "198.18.200.0/24"
-RUN_UID = "0a1b2c3d-0000-4000-8000-"
 
 
 def nad(file: str, namespace: str, kubeconfig: Path, master: str = "") -> dict[str, Any]:
-    """A conf-examples NAD for `namespace`: only the master and the IPAM kubeconfig substituted."""
+    """A conf-examples NAD in `namespace`: only the master and the IPAM kubeconfig substituted."""
     doc: dict[str, Any] = yaml.safe_load((EXAMPLES / "kubernetes" / file).read_text())
     doc["metadata"]["namespace"] = namespace
     config = json.loads(doc["spec"]["config"])
@@ -74,17 +76,21 @@ class MultusNode:
     def __init__(self, lab: Lab, tenant: kubeup.Tenant, tmp: Path, plugin_dir: Path) -> None:
         self.lab, self.tenant, self.tmp = lab, tenant, tmp
         self.node = Node(tmp / "node")
-        self.bin = tmp / "multus-bin"
+        # the node's /opt/cni/bin: Multus and our plugins (frozen entries or source shims); Debian's
+        # ptp and host-local come from the runtime's CNI_PATH
+        self.bin = tmp / "cni-bin"
         self.bin.mkdir()
         (self.bin / "multus").symlink_to(kubeup.unpack("multus") / "multus")
-        self.cni_path = f"{self.bin}:{plugin_dir}:{bundle_driver.REFERENCE}"
+        for plugin in PLUGINS:
+            (self.bin / plugin).symlink_to(plugin_dir / plugin)
+        self.cni_path = f"{self.bin}:{bundle_driver.REFERENCE}"
         self.log = tmp / "multus.log"
         self.conf = tmp / "multus.conf"
         self.conf.write_bytes(jsonio.dumps({
             "cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus",
             "kubeconfig": str(tenant.admin_kubeconfig),
             "confDir": str(tmp / "multus-conf.d"), "cniDir": str(tmp / "multus-cache"),
-            "binDir": str(plugin_dir), "logFile": str(self.log), "logLevel": "debug",
+            "binDir": str(self.bin), "logFile": str(self.log), "logLevel": "debug",
             "delegates": [{
                 "cniVersion": "0.3.1", "name": "cluster",
                 "plugins": [{"type": "ptp", "ipMasq": False,
