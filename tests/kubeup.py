@@ -18,13 +18,16 @@ The server lives only on loopback; nothing here touches a network interface."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import itertools
 import json
 import os
 import re
+import socket
 import ssl
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -284,3 +287,93 @@ def _write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
     os.replace(tmp, path)
+
+
+class Forwarder:
+    """The server's loopback port inside a network namespace: a listener on 127.0.0.1:<port> there
+    (made from a thread that entered the namespace; the socket stays in it) whose connections are
+    spliced to 127.0.0.1:<port> of this process' namespace. Code running in a test's host namespace
+    (Multus, the IPAM) then reaches the server at its own URL, certificate names unchanged."""
+
+    def __init__(self, server: KubeServer, netns: str) -> None:
+        self.port = urlsplit(server.url).port or 443
+        self.netns = netns if netns.startswith("/") else f"/run/netns/{netns}"
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        made: list[socket.socket | BaseException] = []
+
+        def listen() -> None:
+            try:
+                fd = os.open(self.netns, os.O_RDONLY)
+                try:
+                    os.setns(fd, os.CLONE_NEWNET)  # this thread only
+                finally:
+                    os.close(fd)
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.bind(("127.0.0.1", self.port))
+                s.listen(64)
+                s.settimeout(0.2)
+                made.append(s)
+            except BaseException as e:  # handed to the constructor
+                made.append(e)
+
+        t = threading.Thread(target=listen)
+        t.start()
+        t.join()
+        if isinstance(made[0], BaseException):
+            raise made[0]
+        self._listener = made[0]
+        self._spawn(self._accept)
+
+    def _spawn(self, target: Any, *args: Any) -> None:
+        t = threading.Thread(target=target, args=args, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.settimeout(None)
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.port))
+            except OSError:
+                conn.close()
+                continue
+            pair = _Pair(conn, upstream)
+            self._spawn(pair.pipe, conn, upstream)
+            self._spawn(pair.pipe, upstream, conn)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._listener.close()
+
+
+class _Pair:
+    """Two spliced sockets: each direction half-closes the other side at EOF; an error shuts both
+    down (so the other direction wakes), and the second direction to end closes both."""
+
+    def __init__(self, a: socket.socket, b: socket.socket) -> None:
+        self.sockets = (a, b)
+        self.lock = threading.Lock()
+        self.ended = 0
+
+    def pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            for s in self.sockets:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+        with self.lock:
+            self.ended += 1
+            last = self.ended == 2
+        if last:
+            for s in self.sockets:
+                s.close()

@@ -1,0 +1,83 @@
+"""A node's /var/lib for one test: upstream programs with fixed paths (libcni's cache in /var/lib/cni,
+Multus' kubelet device-plugin checkpoint in /var/lib/kubelet/device-plugins, pycni's default device state
+dir /var/lib/cni/pycni/devices) run in a private mount namespace per command (`unshare --mount`) where
+/var/lib is a directory under the test's tmp_path. Propagation is slave: pod namespaces made on the host
+after a command started still show in /run/netns, and nothing mounted here reaches the host.
+
+With PYCNI_TEST_AGENT=1 the plugins are served by an agent, which resolves paths in its own mount
+namespace: `agent()` starts one for this node (inside the same view), and `env()` points the shims at it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from cni.agent.client import SOCKET_ENV
+from tests import agentutil
+from tests.nsutil import REPO
+
+ENTER = 'mount --bind "$1" /var/lib && shift && exec "$@"'
+
+
+class Node:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.var_lib = root / "var-lib"
+        self.var_lib.mkdir(parents=True, exist_ok=True)
+        self.agent_socket: Path | None = None
+
+    def path(self, host_path: str) -> Path:
+        """Where a /var/lib/... path of the node really is."""
+        rel = Path(host_path).relative_to("/var/lib")
+        return self.var_lib / rel
+
+    def command(self, *cmd: str) -> list[str]:
+        return ["unshare", "--mount", "--propagation", "slave", "sh", "-c", ENTER, "node",
+                str(self.var_lib), *cmd]
+
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        if self.agent_socket is not None:
+            env[SOCKET_ENV] = str(self.agent_socket)
+        return env
+
+    def files(self, host_dir: str) -> list[str]:
+        """Files under a /var/lib/... directory of the node (relative names, sorted)."""
+        d = self.path(host_dir)
+        return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()) if d.is_dir() else []
+
+    @contextmanager
+    def agent(self) -> Iterator[agentutil.Agent | None]:
+        """With PYCNI_TEST_AGENT=1: this node's own agent for the block (its log tells what it served);
+        otherwise nothing (the shims run in-process)."""
+        if not agentutil.agent_up():
+            yield None
+            return
+        sock, log = self.root / "agent.sock", self.root / "agent.log"
+        agent = agentutil.Agent(sock, log)
+        with open(log, "ab") as fh:
+            agent.proc = subprocess.Popen(
+                self.command(*agentutil.command(), "--socket", str(sock)), stdout=fh, stderr=fh,
+                env={**os.environ, "PYTHONPATH": str(REPO)}, cwd="/")
+        deadline = time.monotonic() + agentutil.START_TIMEOUT
+        while not agentutil.connectable(sock):
+            if agent.proc.poll() is not None:
+                raise RuntimeError(f"node agent exited with {agent.proc.returncode}: {log.read_text()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node agent not serving {sock} after {agentutil.START_TIMEOUT} s")
+            time.sleep(0.05)
+        self.agent_socket = sock
+        try:
+            yield agent
+        finally:
+            self.agent_socket = None
+            agent.stop()
+            # the session's "the agent served requests" check (tests/conftest.py) counts these too
+            session = sys.modules.get("tests.conftest")
+            if session is not None:
+                session._SERVED.extend(agent.served())
