@@ -10,6 +10,7 @@ reservation after. A crash between the two steps leaves at worst a reservation w
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 from collections.abc import Callable
 
@@ -30,7 +31,7 @@ from ipam.store.base import (
     Reservation,
     Store,
 )
-from ipam.store.names import pool_name, reservation_name
+from ipam.store.names import pool_name, reservation_address, reservation_name
 
 SPREAD_MAX = 32  # after lost races, pick among at most this many of the lowest free addresses
 
@@ -201,8 +202,8 @@ class Engine:
         """Release one range; False when the pool held nothing of this attachment."""
         freed = self._retrying(f"releasing in {rng.cidr}", lambda: self._release(rng, owner))
         if self.conf.overlapping:
-            for offset in freed:
-                self._unclaim(self.reservation_name(rng, offset), owner.same_attachment)
+            for offset, held in freed:
+                self._unclaim(self.reservation_name(rng, offset), functools.partial(_reserved_for, held=held))
         return bool(freed)
 
     def _sweep_reservations(self, owner: Allocation) -> None:
@@ -216,18 +217,36 @@ class Engine:
             lambda: [r.name for r in self.store.iter_reservations() if r.owner.same_attachment(owner)],
         )
         for name in names:
+            if self._held(name):
+                continue
             log.info("reservation %s of %s/%s has no pool entry: released", name, owner.container_id,
                      owner.ifname)
             self._unclaim(name, owner.same_attachment)
 
-    def _release(self, rng: IPRange, owner: Allocation) -> list[int]:
-        """Remove this attachment's allocations from one pool (an indexed lookup, no full load)."""
+    def _release(self, rng: IPRange, owner: Allocation) -> list[tuple[int, Allocation]]:
+        """Remove this attachment's allocations from one pool (an indexed lookup, no full load); the
+        freed offsets with the entries as they were stored."""
         with self._atomic():
             view = self._view(rng)
-            remove = allocator.release(view, owner).remove
-            if remove and view.version is not None:
-                self._commit(view, PoolUpdate(remove=remove))
-            return [int(k) for k in remove if k.isdigit()]
+            owned = view.owned(owner)
+            if owned and view.version is not None:
+                self._commit(view, PoolUpdate(remove=frozenset(k for k, _ in owned)))
+            return [(int(k), held) for k, held in owned if k.isdigit()]
+
+    def _held(self, name: str) -> bool:
+        """Whether a pool of this configuration holds the address reservation `name` names. Then the
+        reservation is not an orphan but the claim of that entry, even when it names another container:
+        upstream whereabouts takes an entry over for a kubelet re-ADD (new container id) and leaves
+        the reservation as it was. Reads the pools; only DEL's sweep and GC ask, for few names."""
+        for rng in self.conf.ranges:
+            ip = reservation_address(name, self.conf.network_name, rng.version)
+            if ip is None or ipaddress.ip_address(ip) not in rng.network:
+                continue
+            read = functools.partial(self.store.get_pool, self.pool_name(rng))
+            pool = self._retrying(f"reading {self.pool_name(rng)}", read)
+            if pool is not None and str(rng.offset(ipaddress.ip_address(ip))) in pool.allocations:
+                return True
+        return False
 
     def _release_where(self, rng: IPRange, doomed: Callable[[Allocation], bool]) -> list[int]:
         """Remove every allocation `doomed` picks from one pool (GC: reads the whole pool)."""
@@ -282,9 +301,10 @@ class Engine:
                 errors.append(e)
         if self.conf.overlapping:
             try:
-                for res in self.store.iter_reservations():
-                    if stale(res.owner):
-                        self._unclaim(res.name, stale)
+                doomed = [r.name for r in self.store.iter_reservations() if stale(r.owner)]
+                for name in doomed:
+                    if not self._held(name):
+                        self._unclaim(name, stale)
             except CniError as e:
                 errors.append(e)
         if errors:
@@ -297,6 +317,15 @@ def _same_network(stored: str, rng: IPRange) -> bool:
         return ipaddress.ip_network(stored, strict=False) == rng.network
     except ValueError:
         return False
+
+
+def _reserved_for(res: Allocation, held: Allocation) -> bool:
+    """Whether a reservation (its owner `res`) belongs to the pool entry `held` that a DEL just freed,
+    so the DEL frees it too: the same attachment; or the same pod interface, whatever container id the
+    reservation names, because upstream whereabouts writes reservations without one and, when it takes
+    an entry over for a re-ADD (new container id), leaves the reservation as it was. A reservation of
+    another pod or interface is never touched."""
+    return res.same_attachment(held) or held.same_pod_interface(res) or _legacy_same_pod(res, held)
 
 
 def _legacy_same_pod(held: Allocation, owner: Allocation) -> bool:
