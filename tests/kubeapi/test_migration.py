@@ -17,6 +17,8 @@ import ipaddress
 import json
 import os
 import random
+import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -419,6 +421,7 @@ def seed_and_ops() -> tuple[int, int]:
     return seed, int(os.environ.get("PYCNI_MIGRATION_OPS") or 400)
 
 
+@pytest.mark.root  # the control loop runs in a private mount namespace, chrooted
 def test_randomized_migration_both_ways_in_one_pool(
     kube: kubeup.KubeServer, tenant: kubeup.Tenant, tmp_path: Path
 ) -> None:
@@ -458,16 +461,19 @@ class Node:
     def entries(self) -> dict[str, dict[str, Any]]:
         return {f"{p}[{k}]": v for p, allocs in self.tenant.pools().items() for k, v in allocs.items()}
 
+    def ipam(self, *argv: str) -> str:
+        """`python -m ipam ARGV` from this checkout, as an operator runs it."""
+        env = {**os.environ, "PYTHONPATH": str(kubeup.REPO)}
+        proc = subprocess.run([sys.executable, "-m", "ipam", *argv], capture_output=True, text=True,
+                              env=env, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
     def show(self, pool: str) -> str:
-        out = io.StringIO()
-        assert cli.main(["--config", str(self.show_conf), "show", pool], out) == 0
-        return out.getvalue()
+        return self.ipam("--config", str(self.show_conf), "show", pool)
 
     def reconcile(self) -> str:
-        out = io.StringIO()
-        argv = ["--config", str(self.reconciler_conf), "reconcile", "--pods", "kubernetes"]
-        assert cli.main(argv, out) == 0
-        return out.getvalue()
+        return self.ipam("--config", str(self.reconciler_conf), "reconcile", "--pods", "kubernetes")
 
     def gc(self, net: dict[str, Any], *valid: str) -> None:
         env = {"CNI_COMMAND": "GC", "CNI_PATH": "/usr/lib/cni", "NODENAME": self.name}
