@@ -143,6 +143,10 @@ class Run:
             f"{problem}\nlast steps:\n  {recent}\nip-control-loop log:\n{self.loop.tail(15)}"
         )
 
+    def cid(self) -> str:
+        """A container id from the seeded generator: a replay uses the same ones."""
+        return f"{self.rand.getrandbits(256):064x}"
+
     def side(self) -> Implementation:
         return self.rand.choice((self.ours, self.upstream))
 
@@ -193,7 +197,7 @@ class Run:
             (net, f"net{i + 1}") for i, net in enumerate(self.networks())
         ]
         for net, ifname in wanted:
-            att = Att(pod, net, ifname, uuid.uuid4().hex + uuid.uuid4().hex)
+            att = Att(pod, net, ifname, self.cid())
             pod.atts.append(att)
             self.add(att, self.side())
             self.check()
@@ -212,7 +216,7 @@ class Run:
 
     def re_add(self) -> None:
         att = self.rand.choice(self.live())
-        old, att.cid = att.cid, uuid.uuid4().hex + uuid.uuid4().hex
+        old, att.cid = att.cid, self.cid()
         order = self.rand.choice(("del-first", "late-del", "none"))
         self.note(f"re-add {order}")
         if order == "del-first":
