@@ -143,12 +143,8 @@ class ControlLoop:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+            self.proc.kill()  # it does not act on SIGTERM; it keeps no state worth a clean exit
+            self.proc.wait(10)
 
 
 def create_node(server: kubeup.KubeServer, name: str) -> None:
