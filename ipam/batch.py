@@ -37,7 +37,8 @@ class Op:
     owner: Allocation
     overlapping: bool
     claims: Claims = field(default_factory=Claims)
-    offsets: list[int] = field(default_factory=list)  # add: [the address]; del: the offsets freed
+    offsets: list[int] = field(default_factory=list)  # add: [the address]
+    freed: list[tuple[int, Allocation]] = field(default_factory=list)  # del: offsets and entries freed
     started: float = 0.0
     error: BaseException | None = None
     done: bool = False

@@ -10,6 +10,7 @@ reservation after. A crash between the two steps leaves at worst a reservation w
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import os
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from ipam.store.base import (
     Store,
     StoreUnavailable,
 )
-from ipam.store.names import pool_name, reservation_name
+from ipam.store.names import pool_name, reservation_address, reservation_name
 
 SPREAD_MAX = 32  # after lost races, pick among at most this many of the lowest free addresses
 CLUSTER_STORES = ("kubernetes", "etcd")
@@ -124,9 +125,9 @@ class Engine:
                     if op.kind == "add":
                         self._decide_add(op, changes)
                     else:
-                        update = allocator.release(changes, op.owner)
-                        changes.apply(update)
-                        op.offsets = [int(k) for k in update.remove if k.isdigit()]
+                        owned = changes.owned(op.owner)  # the entries as stored (reservations follow them)
+                        changes.apply(PoolUpdate(remove=frozenset(k for k, _ in owned)))
+                        op.freed = [(int(k), held) for k, held in owned if k.isdigit()]
                 except (StoreUnavailable, Conflict):
                     raise
                 except CniError as e:  # this op's own failure (pool exhausted, candidates keep going)
@@ -260,9 +261,9 @@ class Engine:
         op = Op("del", rng, owner, self.conf.overlapping)
         self._run([op])
         if self.conf.overlapping:
-            for offset in op.offsets:
-                self._unclaim(self.reservation_name(rng, offset), owner.same_attachment)
-        return bool(op.offsets)
+            for offset, held in op.freed:
+                self._unclaim(self.reservation_name(rng, offset), functools.partial(_reserved_for, held=held))
+        return bool(op.freed)
 
     def _sweep_reservations(self, owner: Allocation) -> None:
         """A pool without this attachment may still leave its reservation behind: an ADD killed between
@@ -275,9 +276,26 @@ class Engine:
             lambda: [r.name for r in self.store.iter_reservations() if r.owner.same_attachment(owner)],
         )
         for name in names:
+            if self._held(name):
+                continue
             log.info("reservation %s of %s/%s has no pool entry: released", name, owner.container_id,
                      owner.ifname)
             self._unclaim(name, owner.same_attachment)
+
+    def _held(self, name: str) -> bool:
+        """Whether a pool of this configuration holds the address reservation `name` names. Then the
+        reservation is not an orphan but the claim of that entry, even when it names another container:
+        upstream whereabouts takes an entry over for a kubelet re-ADD (new container id) and leaves
+        the reservation as it was. Reads the pools; only DEL's sweep and GC ask, for few names."""
+        for rng in self.conf.ranges:
+            ip = reservation_address(name, self.conf.network_name, rng.version)
+            if ip is None or ipaddress.ip_address(ip) not in rng.network:
+                continue
+            read = functools.partial(self.store.get_pool, self.pool_name(rng))
+            pool = self._retrying(f"reading {self.pool_name(rng)}", read)
+            if pool is not None and str(rng.offset(ipaddress.ip_address(ip))) in pool.allocations:
+                return True
+        return False
 
     def _release_where(self, rng: IPRange, doomed: Callable[[Allocation], bool]) -> list[int]:
         """Remove every allocation `doomed` picks from one pool (GC: reads the whole pool)."""
@@ -332,9 +350,10 @@ class Engine:
                 errors.append(e)
         if self.conf.overlapping:
             try:
-                for res in self.store.iter_reservations():
-                    if stale(res.owner):
-                        self._unclaim(res.name, stale)
+                doomed = [r.name for r in self.store.iter_reservations() if stale(r.owner)]
+                for name in doomed:
+                    if not self._held(name):
+                        self._unclaim(name, stale)
             except CniError as e:
                 errors.append(e)
         if errors:
@@ -347,6 +366,15 @@ def _same_network(stored: str, rng: IPRange) -> bool:
         return ipaddress.ip_network(stored, strict=False) == rng.network
     except ValueError:
         return False
+
+
+def _reserved_for(res: Allocation, held: Allocation) -> bool:
+    """Whether a reservation (its owner `res`) belongs to the pool entry `held` that a DEL just freed,
+    so the DEL frees it too: the same attachment; or the same pod interface, whatever container id the
+    reservation names, because upstream whereabouts writes reservations without one and, when it takes
+    an entry over for a re-ADD (new container id), leaves the reservation as it was. A reservation of
+    another pod or interface is never touched."""
+    return res.same_attachment(held) or held.same_pod_interface(res) or _legacy_same_pod(res, held)
 
 
 def _legacy_same_pod(held: Allocation, owner: Allocation) -> bool:

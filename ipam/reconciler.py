@@ -20,6 +20,7 @@ from cni import log
 from cni.errors import CniError
 from ipam.podsource import PodInfo, PodSource, PodSourceError
 from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, Store
+from ipam.store.names import network_name_of, reservation_address
 
 CACHE = 4096
 CAS_TRIES = 5
@@ -55,6 +56,8 @@ class Reconciler:
         self.store, self.pods, self.dry_run, self.on_finding = store, pods, dry_run, on_finding
         self._cache: OrderedDict[tuple[str, str], PodInfo | None] = OrderedDict()
         self._cache_size = cache
+        # every pool seen in this run: (name, network_name, range); one line per pool, not per address
+        self._pools: list[tuple[str, str, ipaddress.IPv4Network | ipaddress.IPv6Network]] = []
 
     def _lookup(self, namespace: str, name: str) -> PodInfo | None:
         key = (namespace, name)
@@ -81,6 +84,7 @@ class Reconciler:
 
     def run(self) -> Report:
         self._cache.clear()
+        self._pools.clear()
         report = Report()
         for pool in self.store.iter_pools():
             self._pool(pool, report)
@@ -103,6 +107,9 @@ class Reconciler:
 
     def _pool(self, pool: Pool, report: Report) -> None:
         net = ipaddress.ip_network(pool.range, strict=False)
+        network_name = network_name_of(pool.name, pool.range)
+        if network_name is not None:
+            self._pools.append((pool.name, network_name, net))
         doomed: dict[str, Allocation] = {}
         for key, owner in pool.allocations.items():
             reason = self._judge(owner, report)
@@ -133,9 +140,32 @@ class Reconciler:
         report.errors.append(f"pool {pool.name}: gave up after {CAS_TRIES} conflicts")
         return 0
 
+    def _holder(self, name: str) -> Allocation | None:
+        """The pool entry that holds the address reservation `name` names, read afresh (pools seen in
+        this run). A reservation whose owner is gone but whose address is held protects that entry
+        (upstream whereabouts takes an entry over for a re-ADD, or for a pod recreated under the same
+        name, and leaves the reservation as it was): it stays."""
+        for pool_name, network_name, net in self._pools:
+            ip = reservation_address(name, network_name, net.version)
+            if ip is None or ipaddress.ip_address(ip) not in net:
+                continue
+            pool = self.store.get_pool(pool_name)
+            offset = int(ipaddress.ip_address(ip)) - int(net.network_address)
+            held = None if pool is None else pool.allocations.get(str(offset))
+            if held is not None:
+                return held
+        return None
+
     def _reservation(self, res: Reservation, report: Report) -> None:
         reason = self._judge(res.owner, report)
         if reason is None:
+            return
+        held = self._holder(res.name)
+        # a dry run freed nothing: a holder that is gone too would have been freed
+        if held is not None and (not self.dry_run or self._judge(held, Report()) is None):
+            report.skipped += 1
+            log.info("reservation %s: its owner %s is gone (%s) but %s holds the address: kept",
+                     res.name, res.owner.podref, reason, held.podref or held.container_id)
             return
         report.found += 1
         self.on_finding(Finding("reservation", res.name, "", res.owner, reason))

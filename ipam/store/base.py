@@ -9,7 +9,7 @@ The data model is the whereabouts CRD model, 1:1, so the Kubernetes store is a d
 
 `Allocation.container_id/podref/ifname` are the CRD fields `id/podref/ifname`. `pod_uid`, `network` and
 `node` have no place in the CRD schema (unknown fields are pruned); the Kubernetes store keeps them in
-annotations (ipam.store.crd: the pool's `pycni.io/owners`, the reservation's `pycni.io/*`). Objects
+annotations (ipam.store.crd: the pool's `pycni.io/owners-v2`, the reservation's `pycni.io/*`). Objects
 written by upstream whereabouts simply lack them ("" here), and every consumer must cope with that.
 
 Concurrency: compare-and-swap on an opaque per-object `version` (resourceVersion, etcd mod_revision, a

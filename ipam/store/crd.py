@@ -3,10 +3,19 @@ these objects as they are; the etcd store may store the same JSON. Every object 
 upstream schemas in shared/upstream/whereabouts-crds (`IPPool`, `OverlappingRangeIPReservation`).
 
 What the schema cannot hold goes into annotations (unknown spec fields would be pruned):
-- pool: `pycni.io/owners` = JSON `{"<offset>": [pod_uid, network, node], ...}` (trailing empty strings
-  dropped; offsets with nothing to record left out). Kubernetes caps all annotations of an object at
-  256 KiB, so the encoder stops adding entries at OWNERS_BUDGET bytes: allocations past the budget
-  lose only their pycni extras (the reconciler then compares pod names, GC leaves them alone).
+- pool: `pycni.io/owners-v2` = JSON `{"<offset>": [stamp, pod_uid, network, node], ...}` (trailing
+  empty strings dropped; offsets with nothing to record left out). `stamp` is `fingerprint()` of the
+  allocation the entry was written for (container id, podref, ifname). Upstream whereabouts never
+  touches annotations, so after it frees an offset and hands it to another pod (or takes an entry over
+  for a re-ADD with a new container id) the entry still describes the old allocation: an entry is
+  attached only to the allocation whose stamp it carries, and entries that match nothing are dropped
+  by our next write of the pool. Kubernetes caps all annotations of an object at 256 KiB, so the
+  encoder stops adding entries at OWNERS_BUDGET bytes: allocations past the budget lose only their
+  pycni extras (the reconciler then compares pod names, GC leaves them alone).
+- the first format, `pycni.io/owners` (`{"<offset>": [pod_uid, network, node]}`, no stamp), cannot
+  tell which allocation it was written for, so it is never attached (its allocations read as upstream
+  ones) and our next write of the pool removes it. Older pycni nodes during a rolling upgrade do not
+  read the new key, so they never misread it either.
 - offsets are exact decimal integers of any size. Upstream whereabouts parses them as int64 and skips
   (logs) larger ones, so it cannot see our allocations past 2**63 in ranges wider than /65, which it
   cannot allocate itself either.
@@ -15,6 +24,7 @@ What the schema cannot hold goes into annotations (unknown spec fields would be 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,16 +33,24 @@ from ipam.store.base import Allocation, Pool, Reservation
 
 GROUP = "whereabouts.cni.cncf.io"
 API_VERSION = f"{GROUP}/v1alpha1"
-OWNERS = "pycni.io/owners"
+OWNERS = "pycni.io/owners-v2"
+LEGACY_OWNERS = "pycni.io/owners"  # the first format: never attached, removed on our next write
 RES_UID, RES_NETWORK, RES_NODE = "pycni.io/pod-uid", "pycni.io/network", "pycni.io/node"
 OWNERS_BUDGET = 200 * 1024
 
 
-def _extras(a: Allocation) -> list[str]:
+def fingerprint(a: Allocation) -> str:
+    """Which allocation an owners entry was written for: its container id, podref and ifname."""
+    text = f"{a.container_id}\n{a.podref}\n{a.ifname}".encode()
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
+def owner_entry(a: Allocation) -> list[str] | None:
+    """The owners entry of one allocation (None: nothing to record)."""
     extras = [a.pod_uid, a.network, a.node]
     while extras and not extras[-1]:
         extras.pop()
-    return extras
+    return [fingerprint(a), *extras] if extras else None
 
 
 def encode_owners(allocations: Mapping[str, Allocation]) -> str | None:
@@ -40,19 +58,20 @@ def encode_owners(allocations: Mapping[str, Allocation]) -> str | None:
     out: dict[str, list[str]] = {}
     size = 2
     for key in sorted(allocations, key=lambda k: (len(k), k)):
-        extras = _extras(allocations[key])
-        if not extras:
+        entry = owner_entry(allocations[key])
+        if entry is None:
             continue
-        cost = len(key) + sum(len(x) + 3 for x in extras) + 6
+        cost = len(key) + sum(len(x) + 3 for x in entry) + 6
         if size + cost > OWNERS_BUDGET:
             break
-        out[key] = extras
+        out[key] = entry
         size += cost
     return jsonio.dumps(out).decode() if out else None
 
 
 def decode_owners(text: str | None) -> dict[str, list[str]]:
-    """Tolerant: an annotation someone mangled costs the extras, never the allocations."""
+    """offset -> [stamp, pod_uid, network, node]. Tolerant: an annotation someone mangled costs the
+    extras, never the allocations."""
     if not text:
         return {}
     try:
@@ -61,7 +80,16 @@ def decode_owners(text: str | None) -> dict[str, list[str]]:
         return {}
     if not isinstance(raw, dict):
         return {}
-    return {k: [str(x) for x in v[:3]] for k, v in raw.items() if isinstance(v, list)}
+    return {
+        k: [*(str(x) for x in v[:4]), "", "", ""][:4] for k, v in raw.items() if isinstance(v, list) and v
+    }
+
+
+def attach(a: Allocation, entry: list[str] | None) -> Allocation:
+    """`a` with the extras of `entry` if the entry was written for it; else `a` as upstream sees it."""
+    if entry is None or entry[0] != fingerprint(a):
+        return a
+    return a._replace(pod_uid=entry[1], network=entry[2], node=entry[3])
 
 
 def pool_to_object(pool: Pool, namespace: str) -> dict[str, Any]:
@@ -85,10 +113,10 @@ def pool_from_object(obj: dict[str, Any], version: str | None = None) -> Pool:
     owners = decode_owners((meta.get("annotations") or {}).get(OWNERS))
     allocations = {}
     for key, entry in (spec.get("allocations") or {}).items():
-        extras = [*owners.get(key, []), "", "", ""][:3]
-        allocations[str(key)] = Allocation(
-            str(entry.get("id", "")), str(entry.get("podref", "")), str(entry.get("ifname", "")), *extras
+        plain = Allocation(
+            str(entry.get("id", "")), str(entry.get("podref", "")), str(entry.get("ifname", ""))
         )
+        allocations[str(key)] = attach(plain, owners.get(str(key)))
     return Pool(
         str(meta.get("name", "")),
         str(spec.get("range", "")),

@@ -8,7 +8,7 @@ send, without namespace and resourceVersion. `version` is the key's mod_revision
 Every write is one txn comparing the key: create = `create_revision == 0`, replace and delete =
 `mod_revision == version`; a failed compare is Conflict and changes nothing. A pool is one object, so
 a commit rewrites it whole: the handle keeps the object it last read and, when the version still
-matches, applies the update to it without reading again. The pool's `pycni.io/owners` annotation
+matches, applies the update to it without reading again. The pool's `pycni.io/owners-v2` annotation
 here holds every allocation's extras (etcd has no 256 KiB annotation cap; its request cap,
 --max-request-bytes, 1.5 MiB by default, bounds a pool to ~8,000 allocations; raise it for more).
 
@@ -216,14 +216,12 @@ def _apply(obj: dict[str, Any], update: PoolUpdate) -> None:
         owners.pop(key, None)
     for key, a in update.put.items():
         allocations[key] = {"id": a.container_id, "podref": a.podref, "ifname": a.ifname}
-        extras = [a.pod_uid, a.network, a.node]
-        while extras and not extras[-1]:
-            extras.pop()
-        if extras:
-            owners[key] = extras
+        entry = crd.owner_entry(a)
+        if entry:
+            owners[key] = entry
         else:
             owners.pop(key, None)
-    notes = {k: v for k, v in notes.items() if k != crd.OWNERS}
+    notes = {k: v for k, v in notes.items() if k not in (crd.OWNERS, crd.LEGACY_OWNERS)}
     if owners:
         notes[crd.OWNERS] = jsonio.dumps(owners).decode()
     if notes:

@@ -109,7 +109,7 @@ class KubeStore:
         base, meta = seen
         new = Pool(pool.name, base.range, update.apply(base.allocations), pool.version)
         body = crd.pool_to_object(new, self.namespace)
-        body["metadata"] = _merged_meta(meta, body["metadata"], (crd.OWNERS,))
+        body["metadata"] = _merged_meta(meta, body["metadata"], (crd.OWNERS, crd.LEGACY_OWNERS))
         obj = self._call("update", POOLS, pool.name, body)
         if obj is None:  # deleted meanwhile
             self._seen.pop(pool.name, None)

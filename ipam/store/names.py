@@ -10,6 +10,8 @@ Like upstream there is no hashing or truncation; names from '::'-leading address
 
 from __future__ import annotations
 
+import ipaddress
+
 
 def _prefixed(text: str, network_name: str) -> str:
     return f"{network_name}-{text}" if network_name else text
@@ -25,3 +27,34 @@ def reservation_name(ip: str, network_name: str = "") -> str:
     """`ip` must be canonical (ipaddress' str of the address)."""
     text = ip + "0" if ip.endswith(":") else ip
     return _prefixed(text.replace(":", "-"), network_name)
+
+
+def reservation_address(name: str, network_name: str, version: int) -> str | None:
+    """The canonical IP (of IP `version`) that reservation `name` names under `network_name`, or None
+    when it names none: the inverse of reservation_name, checked by building the name again."""
+    prefix = f"{network_name}-" if network_name else ""
+    if not name.startswith(prefix):
+        return None
+    text = name[len(prefix) :]
+    try:
+        ip = ipaddress.ip_address(text.replace("-", ":") if version == 6 else text)
+    except ValueError:
+        return None
+    if ip.version != version or reservation_name(str(ip), network_name) != name:
+        return None
+    return str(ip)
+
+
+def network_name_of(name: str, range_cidr: str) -> str | None:
+    """The network_name a pool called `name` with spec.range `range_cidr` was named under ("" for
+    none), or None when the name does not fit the range."""
+    try:
+        canonical = str(ipaddress.ip_network(range_cidr, strict=False))
+    except ValueError:
+        return None
+    plain = pool_name(canonical)
+    if name == plain:
+        return ""
+    if name.endswith("-" + plain) and len(name) > len(plain) + 1:
+        return name[: -len(plain) - 1]
+    return None

@@ -390,3 +390,33 @@ def test_basic_auth_header(emu: Emulator, tmp_path: Path) -> None:
         client.request("GET", POOLS)
     assert e.value.status == 401
     client.close()
+
+
+def test_legacy_owners_annotation_is_ignored_and_removed_by_our_next_write(
+    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
+) -> None:
+    """The first owners format (no stamp) cannot say which allocation it was written for: never
+    attached, and gone after our next write; foreign annotations stay."""
+    client = admin(emu, tmp_path)
+    legacy = {
+        "apiVersion": "whereabouts.cni.cncf.io/v1alpha1",
+        "kind": "IPPool",
+        "metadata": {
+            "name": POOL,
+            "annotations": {crd.LEGACY_OWNERS: '{"5":["uid-old","blue","node-1"]}', "note": "kept"},
+        },
+        "spec": {"range": "198.51.100.0/24", "allocations": {"5": {"id": "c" * 64, "podref": "ns/c"}}},
+    }
+    client.request("POST", POOLS, legacy)
+    store = open_kube(node_kubeconfig)
+    try:
+        snap = store.get_pool(POOL)
+        assert snap is not None and snap.allocations == {"5": Allocation("c" * 64, "ns/c", "")}
+        store.commit_pool(snap, PoolUpdate(put={"6": A}))
+        again = store.get_pool(POOL)
+        assert again is not None and again.allocations["6"] == A
+    finally:
+        store.close()
+    notes = client.request("GET", f"{POOLS}/{POOL}")["metadata"]["annotations"]
+    assert set(notes) == {crd.OWNERS, "note"} and set(crd.decode_owners(notes[crd.OWNERS])) == {"6"}
+    client.close()

@@ -55,7 +55,8 @@ def test_pool_object_shape_and_round_trip() -> None:
             "2": {"id": "b" * 64, "podref": "ns/b", "ifname": "net2"},
         },
     }
-    assert obj["metadata"]["annotations"] == {crd.OWNERS: '{"1":["uid-a","rdma","node-1"]}'}
+    stamp = crd.fingerprint(A)
+    assert obj["metadata"]["annotations"] == {crd.OWNERS: f'{{"1":["{stamp}","uid-a","rdma","node-1"]}}'}
     assert crd.pool_from_object(obj) == pool
     assert crd.pool_from_object(obj, version="7").version == "7"
 
