@@ -43,7 +43,7 @@ def test_200_concurrent_adds_then_dels(target: Target, tmp_path: Path) -> None:
     atts = [Att(f"{i:04d}" + "c" * 60, "net1", f"ns/pod-{i}") for i in range(200)]
     results = spawn_all((a.env("ADD"), conf) for a in atts)
     failed = [(a.cid[:4], rc, out, err) for a, (rc, out, err) in zip(atts, results, strict=True) if rc != 0]
-    assert not failed, failed[:3]
+    assert not failed, (f"{len(failed)} of 200 failed", failed[:3])
     got = [ips(out)[0] for _, out, _ in results]
     assert len(set(got)) == 200
     assert all(ipaddress.ip_address(x) in ipaddress.ip_network("198.18.0.0/24") for x in got)
