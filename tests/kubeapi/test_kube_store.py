@@ -197,9 +197,8 @@ def test_exec_credential_plugin(tenant: Tenant, tmp_path: Path) -> None:
         f' "status": {{"token": "{token}"}}}}\'\n'
     )
     plugin.chmod(0o700)
-    path = with_user(
-        tenant, tmp_path / "k", {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin)}}
-    )
+    exec_user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin)}}
+    path = with_user(tenant, tmp_path / "k", exec_user)
     store = open_kube(path)
     try:
         create(store)
@@ -296,7 +295,8 @@ def test_what_the_store_writes_survives_pruning_unchanged(tenant: Tenant) -> Non
     assert obj["spec"] == expected["spec"]
     assert obj["metadata"]["annotations"] == expected["metadata"]["annotations"]
     res = client.request("GET", f"{tenant.path('overlappingrangeipreservations')}/blue-198.51.100.1")
-    assert res["spec"] == crd.reservation_to_object(Reservation("blue-198.51.100.1", A), tenant.namespace)["spec"]
+    written = crd.reservation_to_object(Reservation("blue-198.51.100.1", A), tenant.namespace)
+    assert res["spec"] == written["spec"]
     client.close()
 
 
@@ -378,7 +378,8 @@ def test_basic_auth_is_sent_and_the_server_answers_for_an_anonymous_user(
 ) -> None:
     """kube-apiserver has no basic authentication: the header is ignored and the request is anonymous,
     which RBAC refuses (403; a bad bearer token is 401: test_bad_token_is_unavailable_with_code_11)."""
-    client = Client(load_kubeconfig(str(with_user(tenant, tmp_path / "k", {"username": "u", "password": "p"}))))
+    path = with_user(tenant, tmp_path / "k", {"username": "u", "password": "p"})
+    client = Client(load_kubeconfig(str(path)))
     assert client._auth == "Basic " + base64.b64encode(b"u:p").decode()
     with pytest.raises(ApiError) as e:
         client.request("GET", pools(tenant))
