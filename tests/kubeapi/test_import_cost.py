@@ -1,7 +1,8 @@
 """Import cost of the Kubernetes store on the plugin's path (every CNI call is a fresh process): an ADD on
 the kube store loads only the REST layer of the kubernetes client (bare packages, ipam.kubeapi), never
 the package __init__ with its models, the kubeconfig loader, requests or oauthlib; other stores load
-nothing of it."""
+nothing of it. The kube ADD runs against the session's real kube-apiserver (HTTPS, a ServiceAccount
+token file), as on a node."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cni import jsonio
-from tests.kubeapi.emulator import Emulator
+from tests.kubeup import Tenant
 from tests.nsutil import REPO
 
 HEAVY = (
@@ -50,14 +51,13 @@ def add(tmp: Path, store: dict[str, Any], cid: str) -> list[str]:
     ]
 
 
-def test_kube_add_loads_only_the_rest_layer(emu: Emulator, node_kubeconfig: Path, tmp_path: Path) -> None:
-    mods = add(
-        tmp_path, {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(node_kubeconfig)}}, "c1"
-    )
+def test_kube_add_loads_only_the_rest_layer(tenant: Tenant, tmp_path: Path) -> None:
+    mods = add(tmp_path, {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(tenant.node)}}, "c1")
     # (modules loaded with importlib.import_module, as ipam.store.select does, are not listed)
     assert "kubernetes.client.rest" in mods and "ipam.kubeapi" in mods
     assert [m for m in mods if m.split(".")[0] in {h.split(".")[0] for h in HEAVY[6:]}] == []
     assert [m for m in mods if m.startswith(HEAVY[:6])] == []
+    assert list(tenant.pools()) == ["198.51.100.0-24"]  # the ADD did reach the server
 
 
 def test_local_add_loads_nothing_of_the_client(tmp_path: Path) -> None:
