@@ -284,3 +284,11 @@ def _write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
     os.replace(tmp, path)
+
+
+def stranger_kubeconfig(tenant: Tenant, path: Path) -> Path:
+    """A tokenFile kubeconfig for the namespace's `default` ServiceAccount, which rbac.yaml grants
+    nothing: every request of the code is refused (403) for it."""
+    token_file = path.with_name(path.name + ".token")
+    _write_private(token_file, tenant.server.token(tenant.namespace, "default"))
+    return tenant.server.kubeconfig(path, tenant.namespace, token_file=token_file)

@@ -12,9 +12,9 @@ deleted (for the real-cluster fixture code), CRDs read.
 Authentication: bearer tokens (`tokens`: token -> identity) or, over TLS, a client certificate (its
 CN is the identity); anything else is 401. Identities named after a service account of
 bundler/manifests/rbac.yaml get exactly what its Roles and ClusterRoles grant (403 otherwise);
-"admin" gets everything. Every request is recorded as (identity, verb, group, resource) in `calls`
-(and appended to the file named by PYCNI_KUBEAPI_RECORD, for the RBAC test); refused ones in
-`forbidden`.
+"admin" gets everything. Every request is recorded as (identity, verb, group, resource) in `calls`;
+refused ones in `forbidden`. (The RBAC test records the code's requests on the real server:
+tests/kubeapi/record.py.)
 
 Faults: `fail(kind, n)` makes the next n requests answer 500, 503, 409, hang past the client's
 timeout ("timeout"), or drop the connection ("reset")."""
@@ -53,7 +53,6 @@ META_FIELDS = {
     "finalizers", "managedFields", "selfLink",
 }  # fmt: skip
 ANNOTATIONS_MAX = 256 * 1024
-RECORD_ENV = "PYCNI_KUBEAPI_RECORD"
 # identities: the two service accounts of bundler/manifests/rbac.yaml, and an unrestricted admin
 TOKENS = {"admin-token": "admin", "node-token": "pycni-node", "reconciler-token": "pycni-reconciler",
           "nobody-token": "nobody"}  # fmt: skip
@@ -309,10 +308,6 @@ class Emulator:
             if key in seen:
                 return
             seen.add(key)
-        record = os.environ.get(RECORD_ENV)
-        if record:
-            with open(record, "ab") as fh:
-                fh.write(orjson.dumps([*key, allowed]) + b"\n")
 
     def _authorize(self, who: str, verb: str, group: str, resource: str, namespace: str) -> None:
         """RBAC: a ClusterRole grant anywhere, a Role grant in the service accounts' namespace."""

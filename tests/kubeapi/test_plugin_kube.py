@@ -23,7 +23,7 @@ from ipam.reconciler import Reconciler
 from tests.concurrency.harness import Att, base_conf, run_inline
 from tests.kubeapi.emulator import Emulator
 from tests.kubeapi.factory import open_kube, unreachable_kubeconfig
-from tests.kubeup import KubeServer, Tenant
+from tests.kubeup import KubeServer, Tenant, stranger_kubeconfig
 
 
 def conf_for(kubeconfig: Path, tmp: Path, **ipam: Any) -> dict[str, Any]:
@@ -198,7 +198,7 @@ def test_pool_outage_after_the_reservation_leaves_nothing_half_written(
 # ---- reconciler, pod source, CLI ------------------------------------------------------------------
 
 
-def test_pod_source_answers_per_pod(tenant: Tenant) -> None:
+def test_pod_source_answers_per_pod(tenant: Tenant, tmp_path: Path) -> None:
     uid = tenant.create_pod("pod-1")["metadata"]["uid"]
     src = KubePodSource(Client(load_kubeconfig(str(tenant.reconciler))), rbac.RECONCILER)
     try:
@@ -208,13 +208,14 @@ def test_pod_source_answers_per_pod(tenant: Tenant) -> None:
         assert src.lookup(f"{tenant.namespace}-none", "pod-1") is None  # no such namespace: gone too
     finally:
         src.close()
-    # an account that may not read pods (the node's): forbidden is "cannot tell", never "gone"
-    node = KubePodSource(Client(load_kubeconfig(str(tenant.node))), rbac.RECONCILER)
+    # an account that may not read pods: forbidden is "cannot tell", never "gone"
+    stranger = stranger_kubeconfig(tenant, tmp_path / "stranger.kubeconfig")
+    other = KubePodSource(Client(load_kubeconfig(str(stranger))), rbac.RECONCILER)
     try:
         with pytest.raises(PodSourceError, match="403"):
-            node.lookup(tenant.namespace, "pod-1")
+            other.lookup(tenant.namespace, "pod-1")
     finally:
-        node.close()
+        other.close()
 
 
 def test_pod_source_server_errors_are_cannot_tell(emu: Emulator, tmp_path: Path) -> None:
@@ -245,8 +246,9 @@ def test_reconciler_frees_only_what_belongs_to_gone_pods(tenant: Tenant, tmp_pat
     # pod-3 is gone (never created)
     store = open_kube(tenant.reconciler, role=rbac.RECONCILER)
     pods = KubePodSource(Client(load_kubeconfig(str(tenant.reconciler))), rbac.RECONCILER)
-    # the node's account may not read pods: every lookup is 403, "cannot tell"
-    blind = KubePodSource(Client(load_kubeconfig(str(tenant.node))), rbac.RECONCILER)
+    # an account that may not read pods: every lookup is 403, "cannot tell"
+    stranger = stranger_kubeconfig(tenant, tmp_path / "stranger.kubeconfig")
+    blind = KubePodSource(Client(load_kubeconfig(str(stranger))), rbac.RECONCILER)
     try:
         dry = Reconciler(store, pods, dry_run=True).run()
         assert dry.found == 4 and dry.freed == 0  # two allocations and their reservations
