@@ -52,3 +52,19 @@ TARGETS: dict[str, Callable[[Path], AbstractContextManager[Target]]] = {
 TENANT_TARGETS: dict[str, Callable[[Tenant], AbstractContextManager[Target]]] = {
     "kubernetes": kubernetes,
 }
+
+NAMES = sorted([*TARGETS, *TENANT_TARGETS])
+
+
+@contextlib.contextmanager
+def target_for(name: str, tmp: Path, request: Any) -> Iterator[Target]:
+    """TARGETS[name] in `tmp`, or TENANT_TARGETS[name] in a fresh namespace of the session's real
+    kube-apiserver (the `kube` fixture of tests/conftest.py, asked of the pytest `request`: skipped,
+    saying why, where it cannot run)."""
+    if name in TENANT_TARGETS:
+        tenant = Tenant(request.getfixturevalue("kube"), tmp / "kube")
+        with TENANT_TARGETS[name](tenant) as t:
+            yield t
+        return
+    with TARGETS[name](tmp) as t:
+        yield t

@@ -17,20 +17,15 @@ from typing import Any
 import pytest
 
 from tests.concurrency.harness import Att, base_conf, check, run_inline, spawn_all
-from tests.concurrency.stores import TARGETS, TENANT_TARGETS, Target
+from tests.concurrency.stores import NAMES, Target, target_for
 
 SEED = int(os.environ.get("PYCNI_STORM_SEED", "20260917"))
 CALLS = int(os.environ.get("PYCNI_STORM_CALLS", "2000"))
 
 
-@pytest.fixture(params=sorted([*TARGETS, *TENANT_TARGETS]))
+@pytest.fixture(params=NAMES)
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
-    name = request.param
-    if name in TENANT_TARGETS:  # the session's real kube-apiserver, this test's own namespace
-        with TENANT_TARGETS[name](request.getfixturevalue("tenant")) as t:
-            yield t
-        return
-    with TARGETS[name](tmp_path) as t:
+    with target_for(request.param, tmp_path, request) as t:  # kubernetes: the real server, a namespace
         yield t
 
 
