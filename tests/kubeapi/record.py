@@ -4,7 +4,10 @@ appended to it as one JSON line [account, verb, group, resource, allowed]: the S
 token was issued for (the token's `sub`; other credentials are not recorded), the RBAC verb of the method
 and path, and whether the server let it through (anything but 403). The wrapper sits around the
 client's public `request` in this process only, so requests of plugin processes a test spawns are not
-seen; the real server enforces RBAC on those anyway."""
+seen; the real server enforces RBAC on those anyway. Only tests whose requests can be recorded run:
+those on the real server through the client (the `kube` fixture, or the contract suite's kubernetes
+variant), not the emulator's (its tokens name no ServiceAccount) nor those that only spawn processes
+or speak raw HTTP (NOT_THROUGH_THE_CLIENT)."""
 
 from __future__ import annotations
 
@@ -15,10 +18,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ipam.kubeapi import ApiError, Client
 
 RECORD_ENV = "PYCNI_KUBEAPI_RECORD"
 SA_PREFIX = "system:serviceaccount:"
+NOT_THROUGH_THE_CLIENT = ("test_emulator_parity.py", "test_import_cost.py", "test_frozen_kube.py")
 
 
 def account(client: Client) -> str:
@@ -73,6 +79,20 @@ def _install(record: Path) -> None:
                     fh.write(json.dumps(row) + "\n")
 
     Client.request = request  # type: ignore[method-assign]
+
+
+def recordable(item: pytest.Item) -> bool:
+    if item.nodeid.split("::")[0].endswith(NOT_THROUGH_THE_CLIENT):
+        return False
+    params = getattr(item, "callspec", None)
+    variant = params.params.get("factory") if params is not None else None
+    return "kube" in getattr(item, "fixturenames", ()) or variant == "kubernetes"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept = [i for i in items if recordable(i)]
+    config.hook.pytest_deselected(items=[i for i in items if not recordable(i)])
+    items[:] = kept
 
 
 if os.environ.get(RECORD_ENV):
