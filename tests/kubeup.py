@@ -33,7 +33,22 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("PYCNI_SHARED") or REPO.parent / "shared")
+
+
+def _shared() -> Path:
+    """../shared next to the checkout; for a linked git worktree, next to its main checkout too."""
+    if os.environ.get("PYCNI_SHARED"):
+        return Path(os.environ["PYCNI_SHARED"])
+    near = REPO.parent / "shared"
+    dotgit = REPO / ".git"
+    if not near.exists() and dotgit.is_file():  # "gitdir: MAIN/.git/worktrees/NAME"
+        gitdir = Path(dotgit.read_text().partition("gitdir:")[2].strip())
+        if gitdir.parent.name == "worktrees" and (gitdir.parents[2].parent / "shared").exists():
+            return gitdir.parents[2].parent / "shared"
+    return near
+
+
+SHARED = _shared()
 UPSTREAM = SHARED / "upstream"
 RBAC_YAML = REPO / "bundler" / "manifests" / "rbac.yaml"
 ABSENT_REASON = f"{UPSTREAM} is absent (the real kube-apiserver and upstream binaries live there)"
@@ -377,3 +392,11 @@ class _Pair:
         if last:
             for s in self.sockets:
                 s.close()
+
+
+def stranger_kubeconfig(tenant: Tenant, path: Path) -> Path:
+    """A tokenFile kubeconfig for the namespace's `default` ServiceAccount, which rbac.yaml grants
+    nothing: every request of the code is refused (403) for it."""
+    token_file = path.with_name(path.name + ".token")
+    _write_private(token_file, tenant.server.token(tenant.namespace, "default"))
+    return tenant.server.kubeconfig(path, tenant.namespace, token_file=token_file)

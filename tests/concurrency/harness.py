@@ -122,8 +122,8 @@ def check(
 
 def base_conf(name: str, target_ipam: dict[str, Any], tmp: Path, **ipam: Any) -> dict[str, Any]:
     flat = tmp / "whereabouts.conf"
-    if not flat.exists():
-        flat.write_text("{}")
+    if not flat.exists():  # node-local state (local_db, and the cluster stores' locks beside it) in tmp
+        flat.write_text(jsonio.dumps({"local_db": str(tmp / "state" / "whereabouts.db")}).decode())
     return {
         "cniVersion": "1.1.0",
         "name": name,

@@ -1,4 +1,5 @@
-"""The contract suite runs every test once per store factory (tests/contract/factories.py)."""
+"""The contract suite runs every test once per store factory (tests/contract/factories.py); the
+"kubernetes" one on the session's real kube-apiserver, in the test's own namespace (`tenant`)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ from pathlib import Path
 import pytest
 
 from ipam.store.base import Store
-from tests.contract.factories import FACTORIES, Factory
+from tests.contract.factories import FACTORIES, TENANT_FACTORIES, Factory
 
 
-@pytest.fixture(params=sorted(FACTORIES))
+@pytest.fixture(params=sorted([*FACTORIES, *TENANT_FACTORIES]))
 def factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
-    with FACTORIES[request.param](tmp_path) as f:
+    name = request.param
+    if name in TENANT_FACTORIES:
+        with TENANT_FACTORIES[name](request.getfixturevalue("tenant"), tmp_path) as f:
+            yield f
+        return
+    with FACTORIES[name](tmp_path) as f:
         yield f
 
 

@@ -3,7 +3,8 @@ a context manager that, given a temp dir, yields a `Factory`.
 
 A Factory opens any number of handles onto ONE shared backend (`open()`; each handle is used by one
 thread), and one handle onto a backend that cannot be reached (`unreachable()`: every method must raise
-StoreUnavailable). Factories that need something the machine lacks raise pytest.skip with the reason."""
+StoreUnavailable). Factories that need something the machine lacks raise pytest.skip with the reason.
+TENANT_FACTORIES (the Kubernetes store on the session's real kube-apiserver) take the test's Tenant too."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ipam.store.base import Store
-from tests.kubeapi.factory import KUBE_FACTORIES
+from tests.kubeapi.factory import KUBE_FACTORIES, TENANT_FACTORIES
 
 
 class Factory(Protocol):
@@ -79,6 +80,8 @@ def etcd(tmp: Path) -> Iterator[Factory]:
 FACTORIES: dict[str, Callable[[Path], AbstractContextManager[Factory]]] = {
     "memory": memory,
     "local": local,
-    **KUBE_FACTORIES,  # "kubernetes" (the emulator) and "kubernetes-real" (PYCNI_TEST_KUBECONFIG)
+    **KUBE_FACTORIES,  # "kubernetes-real": an outside cluster (PYCNI_TEST_KUBECONFIG)
     "etcd": etcd,
 }
+
+__all__ = ["FACTORIES", "TENANT_FACTORIES", "Factory"]

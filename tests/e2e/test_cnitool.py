@@ -161,7 +161,8 @@ def test_macvlan_whereabouts_on_the_real_server(tool: Cnitool, tenant: kubeup.Te
     forwarder = kubeup.Forwarder(tenant.server, topo.host)
     try:
         ipam = {"type": "whereabouts", "range": "198.18.64.0/24", "range_start": "198.18.64.20",
-                "kubernetes": {"kubeconfig": str(tenant.node)}}
+                "kubernetes": {"kubeconfig": str(tenant.node)},
+                "local_db": str(tool.tmp / "state" / "whereabouts.db")}
         tool.conflist("kmv", {"type": "macvlan", "master": topo.uplink, "ipam": ipam})
         assert tool.run("status", "kmv", "/none").ok
         a, b = topo.pod("a"), topo.pod("b")

@@ -1,22 +1,20 @@
 """The whereabouts IPAM on the Kubernetes store, run as a runtime runs it: from source in the first pass
 of `make test`, the frozen bundle's entries in the second (PYCNI_PLUGIN_DIR=dist/cni-bin), so the
 bundle is known to carry ipam.store.kube, ipam.kubeapi, ipam.kubepods and the parts of the kubernetes
-client they load (bare packages, no package __init__). Against the in-process API emulator over TLS."""
+client they load (bare packages, no package __init__). Against the session's real kube-apiserver
+(tests/kubeup.py), as the node ServiceAccount of a fresh namespace."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from cni import jsonio
-from tests.kubeapi.emulator import Emulator, make_pki
 from tests.kubeapi.factory import open_kube
+from tests.kubeup import Tenant
 from tests.nsutil import REPO, plugin_command
 
 CID = "fe" * 32
@@ -30,15 +28,6 @@ ENV = {
 }
 
 
-@pytest.fixture
-def emu(tmp_path: Path) -> Iterator[Emulator]:
-    e = Emulator(tls=make_pki(tmp_path / "pki"))
-    try:
-        yield e
-    finally:
-        e.stop()
-
-
 def run(cmd: list[str], env: dict[str, str], stdin: bytes) -> tuple[int, Any, str]:
     full = {**os.environ, **env, "PYTHONPATH": str(REPO)}
     p = subprocess.run(cmd, input=stdin, env=full, capture_output=True, timeout=120, check=False)
@@ -46,11 +35,12 @@ def run(cmd: list[str], env: dict[str, str], stdin: bytes) -> tuple[int, Any, st
     return p.returncode, jsonio.loads(out) if out.startswith("{") else out, p.stderr.decode()
 
 
-def test_whereabouts_allocates_on_the_kube_store(emu: Emulator, tmp_path: Path) -> None:
-    kubeconfig = emu.kubeconfig(tmp_path / "node.kubeconfig", token="node-token")
+def test_whereabouts_allocates_on_the_kube_store(tenant: Tenant, tmp_path: Path) -> None:
+    kubeconfig = tenant.node
     flat = tmp_path / "whereabouts.conf"
     flat.write_text(
-        jsonio.dumps({"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig)}}).decode()
+        jsonio.dumps({"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig)},
+                      "local_db": str(tmp_path / "state" / "whereabouts.db")}).decode()
     )
     conf = {
         "cniVersion": "1.1.0",
@@ -84,4 +74,4 @@ def test_whereabouts_allocates_on_the_kube_store(emu: Emulator, tmp_path: Path) 
         assert list(store.iter_reservations()) == []
     finally:
         store.close()
-    assert ("pycni-node", "create", "whereabouts.cni.cncf.io", "ippools") in emu.calls
+    assert list(tenant.pools()) == ["198.51.100.0-28"]  # on the server, in the node's namespace

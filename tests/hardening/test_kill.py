@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from cni import jsonio
-from tests.concurrency.stores import TARGETS
+from tests.concurrency.stores import NAMES, target_for
 from tests.hardening.conftest import TALLY
 from tests.hardening.fuzzlab import FuzzLab, run_process
 
@@ -35,11 +35,12 @@ CASES = [(plugin, step) for plugin, steps in STEPS.items() if plugin != "whereab
 
 
 
-@pytest.fixture(scope="module", params=sorted(TARGETS))
+@pytest.fixture(scope="module", params=NAMES)
 def store_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzLab]:
-    """The IPAM on each store target of tests/concurrency/stores.py (a store joins by its entry)."""
+    """The IPAM on each store target of tests/concurrency/stores.py (a store joins by its entry;
+    kubernetes: the session's real kube-apiserver, a namespace of this module's own)."""
     tmp = tmp_path_factory.mktemp(f"kill-{request.param}")
-    with TARGETS[request.param](tmp) as target:
+    with target_for(request.param, tmp, request) as target:
         made = FuzzLab(tmp, target=target)
         try:
             yield made

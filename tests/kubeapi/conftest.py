@@ -1,5 +1,7 @@
-"""Fixtures of the Kubernetes tests: the API emulator (one per test), a test PKI made with openssl
-(once per session), a node kubeconfig."""
+"""Fixtures of the Kubernetes tests. Most run on the session's real kube-apiserver (tests/conftest.py
+`kube` and `tenant`); these serve the tests that stay on the in-process API emulator (injected faults,
+client certificates): the emulator (one per test), a test PKI made with openssl (once per session;
+also a CA that did not sign the real server), a node kubeconfig onto the emulator."""
 
 from __future__ import annotations
 

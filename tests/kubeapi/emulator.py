@@ -12,9 +12,9 @@ deleted (for the real-cluster fixture code), CRDs read.
 Authentication: bearer tokens (`tokens`: token -> identity) or, over TLS, a client certificate (its
 CN is the identity); anything else is 401. Identities named after a service account of
 bundler/manifests/rbac.yaml get exactly what its Roles and ClusterRoles grant (403 otherwise);
-"admin" gets everything. Every request is recorded as (identity, verb, group, resource) in `calls`
-(and appended to the file named by PYCNI_KUBEAPI_RECORD, for the RBAC test); refused ones in
-`forbidden`.
+"admin" gets everything. Every request is recorded as (identity, verb, group, resource) in `calls`;
+refused ones in `forbidden`. (The RBAC test records the code's requests on the real server:
+tests/kubeapi/record.py.)
 
 Faults: `fail(kind, n)` makes the next n requests answer 500, 503, 409, hang past the client's
 timeout ("timeout"), or drop the connection ("reset")."""
@@ -53,7 +53,7 @@ META_FIELDS = {
     "finalizers", "managedFields", "selfLink",
 }  # fmt: skip
 ANNOTATIONS_MAX = 256 * 1024
-RECORD_ENV = "PYCNI_KUBEAPI_RECORD"
+ANONYMOUS = "system:anonymous"
 # identities: the two service accounts of bundler/manifests/rbac.yaml, and an unrestricted admin
 TOKENS = {"admin-token": "admin", "node-token": "pycni-node", "reconciler-token": "pycni-reconciler",
           "nobody-token": "nobody"}  # fmt: skip
@@ -111,6 +111,22 @@ class Invalid(Exception):
 
 
 Check = Callable[[Any, str], Any]
+def json_type(value: Any) -> str:
+    """The OpenAPI name of a decoded JSON value's type, as the API server's messages spell it."""
+    if value is None:
+        return "null"
+    for name, kinds in (("boolean", (bool,)), ("integer", (int,)), ("number", (float,)), ("string", (str,)),
+                        ("object", (dict,)), ("array", (list,))):  # fmt: skip
+        if isinstance(value, kinds):
+            return name
+    return type(value).__name__
+
+
+def type_error(path: str, value: Any, want: str) -> Invalid:
+    actual = json_type(value)
+    return Invalid(f'{path}: Invalid value: "{actual}": {path} in body must be of type {want}: "{actual}"')
+
+
 TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
@@ -133,7 +149,7 @@ def compile_schema(schema: dict[str, Any]) -> Check:
 
         def check_object(value: Any, path: str) -> Any:
             if not isinstance(value, dict):
-                raise Invalid(f"{path}: Invalid value: must be of type object")
+                raise type_error(path, value, "object")
             out = {}
             for key, item in value.items():
                 sub = props.get(key)
@@ -154,7 +170,7 @@ def compile_schema(schema: dict[str, Any]) -> Check:
 
         def check_array(value: Any, path: str) -> Any:
             if not isinstance(value, list):
-                raise Invalid(f"{path}: Invalid value: must be of type array")
+                raise type_error(path, value, "array")
             return [items(v, f"{path}[{i}]") for i, v in enumerate(value)]
 
         return check_array
@@ -164,7 +180,7 @@ def compile_schema(schema: dict[str, Any]) -> Check:
 
     def check_scalar(value: Any, path: str) -> Any:
         if not isinstance(value, types) or (isinstance(value, bool) and kind != "boolean"):
-            raise Invalid(f"{path}: Invalid value: must be of type {kind}")
+            raise type_error(path, value, str(kind))
         return value
 
     return check_scalar
@@ -309,12 +325,10 @@ class Emulator:
             if key in seen:
                 return
             seen.add(key)
-        record = os.environ.get(RECORD_ENV)
-        if record:
-            with open(record, "ab") as fh:
-                fh.write(orjson.dumps([*key, allowed]) + b"\n")
 
-    def _authorize(self, who: str, verb: str, group: str, resource: str, namespace: str) -> None:
+    def _authorize(
+        self, who: str, verb: str, group: str, resource: str, namespace: str, name: str = ""
+    ) -> None:
         """RBAC: a ClusterRole grant anywhere, a Role grant in the service accounts' namespace."""
         ok = who == "admin" or self.grants is None
         if not ok:
@@ -325,11 +339,14 @@ class Emulator:
             )
         self._record(who, verb, group, resource, ok)
         if not ok:
+            user = who if who.startswith("system:") else f"system:serviceaccount:{SA_NAMESPACE}:{who}"
+            what = f"{resource}.{group}" if group else resource
+            where = f' in the namespace "{namespace}"' if namespace else ""
             raise Reply(
                 403,
                 "Forbidden",
-                f"{resource}.{group or 'core'} is forbidden: User "
-                f'"system:serviceaccount:{SA_NAMESPACE}:{who}" cannot {verb} resource "{resource}"',
+                f'{what}{f" {chr(34)}{name}{chr(34)}" if name else ""} is forbidden: User "{user}" cannot '
+                f'{verb} resource "{resource}" in API group "{group}"{where}',
             )
 
     def handle(self, method: str, target: str, who: str, body: bytes) -> tuple[int, dict[str, Any]]:
@@ -354,7 +371,7 @@ class Emulator:
         )
         if verb is None or (verb == "create" and name):
             raise Reply(405, "MethodNotAllowed", f"{method} is not supported here")
-        self._authorize(who, verb, group, resource, namespace)
+        self._authorize(who, verb, group, resource, namespace, name)
         if group == "" and resource == "pods" and verb == "get":
             with self.lock:
                 pod = self.pods.get((namespace, name))
@@ -401,33 +418,51 @@ class Emulator:
         except orjson.JSONDecodeError as e:
             raise Reply(400, "BadRequest", f"malformed JSON: {e}") from None
         if not isinstance(obj, dict):
-            raise Reply(400, "BadRequest", "expected an object")
-        if obj.get("kind") != kind.kind or obj.get("apiVersion") != f"{kind.group}/{kind.version}":
-            raise Reply(400, "BadRequest", f"expected {kind.kind} {kind.group}/{kind.version}")
-        meta = obj.get("metadata")
+            raise Reply(
+                400, "BadRequest", f"the object provided is unrecognized (must be of type {kind.kind})"
+            )
+        if obj.get("apiVersion") != f"{kind.group}/{kind.version}":
+            raise Reply(400, "BadRequest", f"the API version in the data ({obj.get('apiVersion')}) does not "
+                        f"match the expected API version ({kind.group}/{kind.version})")  # fmt: skip
+        meta = obj.get("metadata") or {}
         if not isinstance(meta, dict):
-            raise Reply(422, "Invalid", "metadata: Required value")
+            raise Reply(400, "BadRequest", f'{kind.kind} in version "{kind.version}" cannot be handled as a '
+                        f"{kind.kind}: json: cannot unmarshal {_go_type(meta)} into Go struct field "
+                        f"{kind.kind}.metadata of type v1.ObjectMeta")  # fmt: skip
+        notes = meta.get("annotations") or {}
+        for value in notes.values() if isinstance(notes, dict) else ():
+            if not isinstance(value, str):
+                raise Reply(400, "BadRequest", f'{kind.kind} in version "{kind.version}" cannot be '
+                            f"handled as a {kind.kind}: json: cannot unmarshal {_go_type(value)} into Go "
+                            "struct field ObjectMeta.annotations of type string")  # fmt: skip
         meta = {k: v for k, v in meta.items() if k in META_FIELDS}
         oname = meta.get("name", "")
-        if not isinstance(oname, str) or not oname or len(oname) > 253 or not NAME.match(oname):
+        if meta.get("namespace", namespace) != namespace:
+            raise Reply(400, "BadRequest", "the namespace of the provided object does not match the "
+                        "namespace sent on the request")  # fmt: skip
+        if name and oname != name:
+            raise Reply(400, "BadRequest",
+                        f"the name of the object ({oname}) does not match the name on the URL ({name})")
+        invalid = f'{obj.get("kind") or kind.kind}.{kind.group} "{oname}" is invalid: '
+        if obj.get("kind") != kind.kind:
+            got = obj.get("kind")
+            raise Reply(422, "Invalid", f'{invalid}kind: Invalid value: "{got}": must be {kind.kind}')
+        if not oname:
+            raise Reply(
+                422, "Invalid", f"{invalid}metadata.name: Required value: name or generateName is required"
+            )
+        if not isinstance(oname, str) or len(oname) > 253 or not NAME.match(oname):
             raise Reply(
                 422,
                 "Invalid",
-                f'{kind.kind} "{oname}" is invalid: metadata.name: Invalid value: '
-                f'"{oname}": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric '
-                f"characters, '-' or '.', and must start and end with an alphanumeric character",
+                f'{invalid}metadata.name: Invalid value: "{oname}": a lowercase RFC 1123 subdomain must '
+                "consist of lower case alphanumeric characters, '-' or '.', and must start and end with an "
+                "alphanumeric character (e.g. 'example.com', regex used for validation is "
+                "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
             )
-        if name and oname != name:
-            raise Reply(400, "BadRequest", "the name of the object does not match the name on the URL")
-        if meta.get("namespace", namespace) != namespace:
-            raise Reply(
-                400, "BadRequest", "the namespace of the object does not match the namespace on the URL"
-            )
-        notes = meta.get("annotations") or {}
-        if not isinstance(notes, dict) or not all(isinstance(v, str) for v in notes.values()):
-            raise Reply(422, "Invalid", "metadata.annotations: Invalid value: must be strings")
         if sum(len(k) + len(v) for k, v in notes.items()) > ANNOTATIONS_MAX:
-            raise Reply(422, "Invalid", "metadata.annotations: Too long: must have at most 262144 bytes")
+            raise Reply(422, "Invalid", f"{invalid}metadata.annotations: Too long: may not be more than "
+                        f"{ANNOTATIONS_MAX} bytes")  # fmt: skip
         rest = {k: v for k, v in obj.items() if k != "metadata"}
         try:
             pruned = kind.check(rest, "")
@@ -460,8 +495,8 @@ class Emulator:
                     raise Reply(
                         422,
                         "Invalid",
-                        f'{kind.kind}.{kind.group} "{name}" is invalid: '
-                        "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+                        f'{kind.plural}.{kind.group} "{name}" is invalid: '
+                        "metadata.resourceVersion: Invalid value: 0: must be specified for an update",
                     )
                 cm = current["metadata"]
                 if want != cm["resourceVersion"]:
@@ -474,6 +509,10 @@ class Emulator:
                     )
                 for keep in ("uid", "creationTimestamp", "generation"):
                     meta[keep] = cm.get(keep)
+                if {k: v for k, v in obj.items() if k != "metadata"} != {
+                    k: v for k, v in current.items() if k != "metadata"
+                }:
+                    meta["generation"] = int(cm.get("generation") or 1) + 1  # no status subresource
                 if "managedFields" not in meta and "managedFields" in cm:
                     meta["managedFields"] = cm["managedFields"]
                 code = 200
@@ -493,13 +532,15 @@ class Emulator:
                 raise Reply(
                     409,
                     "Conflict",
-                    f"Operation cannot be fulfilled on {kind.plural}.{kind.group} "
-                    f'"{name}": Precondition failed: ResourceVersion: Expected: {want}, Actual: '
-                    f"{current['metadata']['resourceVersion']}",
+                    f'Operation cannot be fulfilled on {kind.kind}.{kind.group} "{name}": the '
+                    f"ResourceVersion in the precondition ({want}) does not match the ResourceVersion in "
+                    f"record ({current['metadata']['resourceVersion']}). The object might have been modified",
                 )
             del table[name]
             next(self._rv)
-        return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": name}}
+        details = {"name": name, "group": kind.group, "kind": kind.plural, "uid": current["metadata"]["uid"]}
+        return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                     "details": details}  # fmt: skip
 
     def _crd(self, method: str, who: str, rest: list[str]) -> tuple[int, dict[str, Any]]:
         verb = "get" if method == "GET" and rest else "list" if method == "GET" else "create"
@@ -542,6 +583,9 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _identity(self) -> str:
+        """Who is asking: a known bearer token's identity ("" for an unknown token: 401), a client
+        certificate's CN, else the anonymous user (kube-apiserver has no basic authentication: such a
+        header is ignored), whom RBAC refuses everything."""
         auth = self.headers.get("Authorization", "")
         if auth.startswith("Bearer "):
             return self.emu.tokens.get(auth[7:], "")
@@ -551,7 +595,7 @@ class _Handler(BaseHTTPRequestHandler):
                 for key, value in rdn:
                     if key == "commonName":
                         return str(value)
-        return ""
+        return ANONYMOUS
 
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -593,6 +637,13 @@ class _quiet:
 
     def __exit__(self, *exc: object) -> bool:
         return True
+
+
+def _go_type(value: Any) -> str:
+    """How Go's encoding/json names a JSON value's type in an unmarshal error."""
+    return {bool: "bool", int: "number", float: "number", str: "string", dict: "object", list: "array"}.get(
+        type(value), "null"
+    )
 
 
 def _b64(path: Path) -> str:

@@ -1,8 +1,9 @@
 """Kubernetes store factories for the contract suite (tests/contract/factories.py) and the helpers the
 other Kubernetes tests share.
 
-- "kubernetes": the in-process emulator (tests/kubeapi/emulator.py), node service-account token, RBAC
-  of bundler/manifests/rbac.yaml enforced, small list pages so paging is exercised.
+- "kubernetes": the session's real kube-apiserver (tests/kubeup.py), a fresh namespace per test
+  (`Tenant`: bundler/manifests/rbac.yaml applied as shipped), the node ServiceAccount's token, small
+  list pages so paging is exercised.
 - "kubernetes-real": a real cluster from PYCNI_TEST_KUBECONFIG (cluster-admin: the fixture installs
   the CRDs from bundler/manifests/crds if missing and runs every test in a fresh namespace it deletes
   afterwards). Skipped, saying so, when the variable is unset."""
@@ -24,7 +25,8 @@ from ipam import rbac
 from ipam.kubeapi import ApiError, Client, load_kubeconfig
 from ipam.store.base import Store
 from ipam.store.kube import KubeStore
-from tests.kubeapi.emulator import CRDS, Emulator, free_port
+from tests.kubeapi.emulator import CRDS, free_port
+from tests.kubeup import Tenant
 
 REAL_ENV = "PYCNI_TEST_KUBECONFIG"
 PAGE = 16  # objects per list page in the tests: small, so iter_* pages
@@ -53,11 +55,12 @@ def open_kube(kubeconfig: Path, role: str = rbac.NODE, namespace: str = "", page
     return KubeStore(Client(conf), conf.namespace, role=role, page=page)
 
 
-class EmulatorFactory:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.emu = Emulator()
-        self.kubeconfig = self.emu.kubeconfig(tmp / "node.kubeconfig", token="node-token")
+class TenantFactory:
+    """Handles onto one tenant namespace of the real server, as the node."""
+
+    def __init__(self, tenant: Tenant, tmp: Path) -> None:
+        self.tenant, self.tmp = tenant, tmp
+        self.kubeconfig = tenant.node
 
     def open(self) -> Store:
         return open_kube(self.kubeconfig)
@@ -67,12 +70,8 @@ class EmulatorFactory:
 
 
 @contextlib.contextmanager
-def emulator(tmp: Path) -> Iterator[EmulatorFactory]:
-    f = EmulatorFactory(tmp)
-    try:
-        yield f
-    finally:
-        f.emu.stop()
+def tenant_factory(tenant: Tenant, tmp: Path) -> Iterator[TenantFactory]:
+    yield TenantFactory(tenant, tmp)
 
 
 class RealFactory:
@@ -143,22 +142,44 @@ def real_cluster(tmp: Path) -> Iterator[RealFactory]:
         client.close()
 
 
+# factories on the session's real server: they take the test's Tenant (tests/conftest.py `tenant`)
+TENANT_FACTORIES: dict[str, Callable[[Tenant, Path], AbstractContextManager[Any]]] = {
+    "kubernetes": tenant_factory,
+}
 KUBE_FACTORIES: dict[str, Callable[[Path], AbstractContextManager[Any]]] = {
-    "kubernetes": emulator,
-    "kubernetes-real": real_cluster,
+    "kubernetes-real": real_cluster,  # an outside cluster (PYCNI_TEST_KUBECONFIG)
 }
 
 
 @contextlib.contextmanager
-def concurrency_target(tmp: Path) -> Iterator[Any]:
-    """tests/concurrency/stores.py's target: plugin processes reach the emulator through a kubeconfig."""
+def concurrency_target(tenant: Tenant) -> Iterator[Any]:
+    """tests/concurrency/stores.py's target: plugin processes reach the real server through the node
+    ServiceAccount's kubeconfig, in the test's tenant namespace."""
     from tests.concurrency.stores import Target
 
-    emu = Emulator()
-    try:
-        kubeconfig = emu.kubeconfig(tmp / "node.kubeconfig", token="node-token")
-        ipam = {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig)},
-                "local_db": str(tmp / "state" / "whereabouts.db")}  # node-local state (locks) in tmp
-        yield Target(ipam, lambda: open_kube(kubeconfig, page=100))
-    finally:
-        emu.stop()
+    ipam = {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(tenant.node)},
+            "local_db": str(tenant.node.parent / "state" / "whereabouts.db")}  # node-local state in tmp
+    yield Target(ipam, lambda: open_kube(tenant.node, page=100))
+
+
+class CountingClient(Client):
+    """A Client that counts the requests it sends (method, path): the tests wrap the client the code
+    is given rather than asking the server, which keeps no per-client figures."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[tuple[str, str]] = []
+
+    def request(
+        self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        self.sent.append((method, path))
+        return super().request(method, path, body, query)
+
+
+def counting_store(
+    kubeconfig: Path, role: str = rbac.NODE, page: int = PAGE
+) -> tuple[KubeStore, CountingClient]:
+    conf = load_kubeconfig(str(kubeconfig))
+    client = CountingClient(conf)
+    return KubeStore(client, conf.namespace, role=role, page=page), client

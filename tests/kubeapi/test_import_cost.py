@@ -1,6 +1,8 @@
 """Import cost of the Kubernetes store on the plugin's path (every CNI call is a fresh process): an ADD on
 the kube store loads ipam.kubeapi over the stdlib HTTP layer (ipam.httpconn), never a client library
-(kubernetes, urllib3, requests) nor PyYAML for a JSON kubeconfig; other stores load nothing of it."""
+(kubernetes, urllib3, requests) nor PyYAML for a JSON kubeconfig; other stores load nothing of it. The
+kube ADD runs against the session's real kube-apiserver (HTTPS, a ServiceAccount token file), as on a
+node."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cni import jsonio
-from tests.kubeapi.emulator import Emulator
+from tests.kubeup import Tenant
 from tests.nsutil import REPO
 
 # client stacks the plugin's path must never load (ipam.httpconn is http.client + ssl)
@@ -21,7 +23,8 @@ HEAVY = ("kubernetes", "urllib3", "requests", "oauthlib", "requests_oauthlib", "
 def add(tmp: Path, store: dict[str, Any], cid: str) -> list[str]:
     flat = tmp / "whereabouts.conf"
     flat.write_text("{}")
-    ipam = {"type": "whereabouts", "range": "198.51.100.0/24", "configuration_path": str(flat), **store}
+    ipam = {"type": "whereabouts", "range": "198.51.100.0/24", "configuration_path": str(flat),
+            "local_db": str(tmp / "ipam.db"), **store}
     conf = {"cniVersion": "1.1.0", "name": "imp", "type": "macvlan", "ipam": ipam}
     env = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
     env.update(PYTHONPATH=str(REPO), CNI_COMMAND="ADD", CNI_CONTAINERID=cid, CNI_NETNS="/run/netns/none",
@@ -39,15 +42,12 @@ def add(tmp: Path, store: dict[str, Any], cid: str) -> list[str]:
     ]
 
 
-def test_kube_add_loads_only_the_stdlib_http_layer(
-    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
-) -> None:
-    mods = add(
-        tmp_path, {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(node_kubeconfig)}}, "c1"
-    )
+def test_kube_add_loads_only_the_stdlib_http_layer(tenant: Tenant, tmp_path: Path) -> None:
+    mods = add(tmp_path, {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(tenant.node)}}, "c1")
     # (modules loaded with importlib.import_module, as ipam.store.select does, are not listed)
     assert {"ipam.kubeapi", "ipam.httpconn", "http.client", "ssl"} <= set(mods)
     assert [m for m in mods if m.split(".")[0] in HEAVY] == []
+    assert list(tenant.pools()) == ["198.51.100.0-24"]  # the ADD did reach the server
 
 
 def test_local_add_loads_nothing_of_the_client(tmp_path: Path) -> None:

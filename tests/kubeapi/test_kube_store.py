@@ -1,5 +1,8 @@
-"""The Kubernetes store beyond the shared contract (tests/contract): kubeconfig and TLS, tokens, faults,
-the emulator's schema enforcement, and compatibility with objects upstream whereabouts writes."""
+"""The Kubernetes store beyond the shared contract (tests/contract): kubeconfig and TLS, tokens, and
+compatibility with objects upstream whereabouts writes, on the session's real kube-apiserver (a fresh
+namespace per test, the node ServiceAccount's token; tests/kubeup.py). Only what a real server cannot be
+made to do stays on the in-process emulator: injected 5xx, hangs, resets and 409s, and client
+certificates (kube-up's server authenticates tokens only)."""
 
 from __future__ import annotations
 
@@ -17,17 +20,31 @@ from ipam.kubeapi import ApiError, Client, load_kubeconfig
 from ipam.store import crd
 from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, StoreUnavailable
 from ipam.store.kube import KubeStore
-from tests.kubeapi.emulator import SA_NAMESPACE, Emulator
-from tests.kubeapi.factory import open_kube
+from tests.kubeapi.emulator import Emulator
+from tests.kubeapi.factory import counting_store, open_kube
+from tests.kubeup import NODE_SA, ApiFailure, KubeServer, Tenant
 
 A = Allocation("a" * 64, "ns/a", "net1", "uid-a", "blue", "node-1")
 B = Allocation("b" * 64, "ns/b", "net1")
 POOL = "198.51.100.0-24"
-POOLS = f"/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/{SA_NAMESPACE}/ippools"
 
 
-def admin(emu: Emulator, tmp: Path) -> Client:
-    return Client(load_kubeconfig(str(emu.kubeconfig(tmp / "admin.kubeconfig"))))
+def admin(tenant: Tenant) -> Client:
+    """The code's client with the admin token, for reading and writing objects behind the store's back."""
+    return Client(load_kubeconfig(str(tenant.admin_kubeconfig)))
+
+
+def pools(tenant: Tenant) -> str:
+    return tenant.path("ippools")
+
+
+def with_user(tenant: Tenant, path: Path, user: dict[str, Any]) -> Path:
+    """The node's kubeconfig with another `user` entry."""
+    doc = orjson.loads(tenant.node.read_bytes())
+    doc["users"][0]["user"] = user
+    path.write_bytes(orjson.dumps(doc))
+    path.chmod(0o600)
+    return path
 
 
 def create(store: KubeStore, put: dict[str, Allocation] | None = None) -> str:
@@ -37,11 +54,14 @@ def create(store: KubeStore, put: dict[str, Allocation] | None = None) -> str:
 # ---- kubeconfig, TLS, credentials ----------------------------------------------------------------
 
 
-def test_kubeconfig_file_is_private_and_names_the_namespace(emu: Emulator, node_kubeconfig: Path) -> None:
-    assert node_kubeconfig.stat().st_mode & 0o777 == 0o600
-    conf = load_kubeconfig(str(node_kubeconfig))
-    assert (conf.server, conf.namespace, conf.token) == (emu.url, SA_NAMESPACE, "node-token")
-    assert "node-token" not in repr(conf)
+def test_kubeconfig_file_is_private_and_names_the_namespace(tenant: Tenant) -> None:
+    assert tenant.node.stat().st_mode & 0o777 == 0o600
+    conf = load_kubeconfig(str(tenant.node))
+    assert (conf.server, conf.namespace) == (tenant.server.url, tenant.namespace)
+    assert conf.token_file and Path(conf.token_file).read_text() not in repr(conf)
+    admin_conf = load_kubeconfig(str(tenant.admin_kubeconfig))  # an inline token
+    assert admin_conf.token == tenant.server.admin_token
+    assert tenant.server.admin_token not in repr(admin_conf)
 
 
 def test_yaml_kubeconfig_relative_paths_and_default_namespace(tmp_path: Path) -> None:
@@ -85,9 +105,9 @@ def test_missing_kubeconfig_is_a_config_error(tmp_path: Path) -> None:
         load_kubeconfig(str(tmp_path / "absent"))
 
 
-def test_tls_with_a_ca_from_openssl(tls_emu: Emulator, tmp_path: Path) -> None:
-    assert tls_emu.url.startswith("https://")
-    store = open_kube(tls_emu.kubeconfig(tmp_path / "k", token="node-token"))
+def test_tls_with_the_servers_ca(tenant: Tenant) -> None:
+    assert tenant.server.url.startswith("https://")
+    store = open_kube(tenant.node)
     try:
         create(store, {"1": A})
         pool = store.get_pool(POOL)
@@ -108,10 +128,10 @@ def test_tls_with_a_client_certificate_from_kubeconfig_data(tls_emu: Emulator, t
     assert not Path(tmp).exists(), "inline client key material is removed on close"
 
 
-def test_tls_refuses_a_server_the_ca_did_not_sign(tls_emu: Emulator, tmp_path: Path, pki: Path) -> None:
-    path = tls_emu.kubeconfig(tmp_path / "k", token="node-token")
-    doc = orjson.loads(path.read_bytes())
-    doc["clusters"][0]["cluster"]["certificate-authority"] = str(pki / "stranger.crt")
+def test_tls_refuses_a_server_the_ca_did_not_sign(tenant: Tenant, tmp_path: Path, pki: Path) -> None:
+    doc = orjson.loads(tenant.node.read_bytes())
+    doc["clusters"][0]["cluster"]["certificate-authority"] = str(pki / "ca.crt")  # not the server's CA
+    path = tmp_path / "k"
     path.write_bytes(orjson.dumps(doc))
     store = open_kube(path)
     try:
@@ -121,8 +141,8 @@ def test_tls_refuses_a_server_the_ca_did_not_sign(tls_emu: Emulator, tmp_path: P
         store.close()
 
 
-def test_bad_token_is_unavailable_with_code_11(emu: Emulator, tmp_path: Path) -> None:
-    store = open_kube(emu.kubeconfig(tmp_path / "k", token="wrong"))
+def test_bad_token_is_unavailable_with_code_11(tenant: Tenant, tmp_path: Path) -> None:
+    store = open_kube(with_user(tenant, tmp_path / "k", {"token": "wrong"}))
     try:
         with pytest.raises(StoreUnavailable, match="401") as e:
             store.get_pool(POOL)
@@ -131,39 +151,54 @@ def test_bad_token_is_unavailable_with_code_11(emu: Emulator, tmp_path: Path) ->
         store.close()
 
 
-def test_401_rereads_the_token_file_once(emu: Emulator, tmp_path: Path) -> None:
+def rotate(server: KubeServer, tenant: Tenant, in_use: str) -> None:
+    """Recreate the node's ServiceAccount: every token issued for the old one stops working (bound
+    tokens name the account's UID). Returns once the server refuses `in_use` (401): it caches a token
+    it accepted for a few seconds, so that takes a moment."""
+    server.request("DELETE", tenant.path("serviceaccounts", NODE_SA, group=""))
+    server.service_account(tenant.namespace, NODE_SA)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            server.request("GET", pools(tenant), token=in_use)
+        except ApiFailure as e:
+            if e.status == 401:
+                return
+        assert time.monotonic() < deadline, "the old account's token is still accepted after 60 s"
+        time.sleep(0.2)
+
+
+def test_401_rereads_the_token_file_once(tenant: Tenant, tmp_path: Path) -> None:
+    server = tenant.server
     token = tmp_path / "token"
-    token.write_text("old-token\n")
-    emu.tokens["old-token"] = "pycni-node"
-    store = open_kube(emu.kubeconfig(tmp_path / "k", token_file=token))
+    first = server.token(tenant.namespace, NODE_SA)
+    token.write_text(first + "\n")
+    store = open_kube(with_user(tenant, tmp_path / "k", {"tokenFile": str(token)}))
     try:
         create(store)
         # the kubelet rotates the projected token: the old one stops working, the file has the new one
-        del emu.tokens["old-token"]
-        emu.tokens["new-token"] = "pycni-node"
-        token.write_text("new-token\n")
+        rotate(server, tenant, first)
+        second = server.token(tenant.namespace, NODE_SA)
+        token.write_text(second + "\n")
         assert store.get_pool(POOL) is not None
         # rotated again but the file is stale: one re-read, then code 11
-        del emu.tokens["new-token"]
+        rotate(server, tenant, second)
         with pytest.raises(StoreUnavailable, match="401"):
             store.get_pool(POOL)
     finally:
         store.close()
 
 
-def test_exec_credential_plugin(emu: Emulator, tmp_path: Path) -> None:
+def test_exec_credential_plugin(tenant: Tenant, tmp_path: Path) -> None:
+    token = tenant.server.token(tenant.namespace, NODE_SA)
     plugin = tmp_path / "cred.sh"
     plugin.write_text(
         '#!/bin/sh\necho \'{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",'
-        ' "status": {"token": "node-token"}}\'\n'
+        f' "status": {{"token": "{token}"}}}}\'\n'
     )
-    plugin.chmod(0o755)
-    path = emu.kubeconfig(tmp_path / "k", token="")
-    doc = orjson.loads(path.read_bytes())
-    doc["users"][0]["user"] = {
-        "exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin)}
-    }
-    path.write_bytes(orjson.dumps(doc))
+    plugin.chmod(0o700)
+    exec_user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin)}}
+    path = with_user(tenant, tmp_path / "k", exec_user)
     store = open_kube(path)
     try:
         create(store)
@@ -230,8 +265,8 @@ def test_injected_409_on_update_is_a_conflict_and_changes_nothing(
         store.close()
 
 
-def test_commit_after_a_foreign_write_rereads_and_conflicts(emu: Emulator, node_kubeconfig: Path) -> None:
-    one, two = open_kube(node_kubeconfig), open_kube(node_kubeconfig)
+def test_commit_after_a_foreign_write_rereads_and_conflicts(tenant: Tenant) -> None:
+    one, two = open_kube(tenant.node), open_kube(tenant.node)
     try:
         create(one, {"1": A})
         snap = one.get_pool(POOL)
@@ -246,61 +281,29 @@ def test_commit_after_a_foreign_write_rereads_and_conflicts(emu: Emulator, node_
         two.close()
 
 
-# ---- schema enforcement in the emulator, and object compatibility ---------------------------------
+# ---- object compatibility (the emulator's schema enforcement: tests/kubeapi/test_emulator_parity.py) --
 
 
-def test_emulator_rejects_objects_invalid_against_the_crd_schema(emu: Emulator, tmp_path: Path) -> None:
-    client = admin(emu, tmp_path)
-    good = crd.pool_to_object(Pool(POOL, "198.51.100.0/24", {"1": A}), SA_NAMESPACE)
-    bad: list[dict[str, Any]] = [
-        {**good, "spec": {"range": "198.51.100.0/24"}},  # allocations required
-        {**good, "spec": {**good["spec"], "range": 24}},  # range: string
-        {**good, "spec": {**good["spec"], "allocations": {"1": {"podref": "ns/a"}}}},  # id required
-        {**good, "metadata": {"name": "--1"}},  # not a DNS subdomain (upstream's names for ::1)
-    ]
-    for obj in bad:
-        with pytest.raises(ApiError) as e:
-            client.request("POST", POOLS, obj)
-        assert e.value.status == 422, obj
-    assert emu.count("ippools") == 0
-    client.request("POST", POOLS, good)
-    client.close()
-
-
-def test_emulator_prunes_unknown_fields_like_an_api_server(emu: Emulator, tmp_path: Path) -> None:
-    client = admin(emu, tmp_path)
-    obj = crd.pool_to_object(Pool(POOL, "198.51.100.0/24", {"1": A}), SA_NAMESPACE)
-    obj["spec"]["allocations"]["1"]["poduid"] = "x"
-    obj["spec"]["extra"] = 1
-    obj["metadata"]["bogus"] = True
-    stored = client.request("POST", POOLS, obj)
-    assert stored["spec"] == {
-        "range": "198.51.100.0/24",
-        "allocations": {"1": {"id": A.container_id, "podref": "ns/a", "ifname": "net1"}},
-    }
-    assert "bogus" not in stored["metadata"]
-    client.close()
-
-
-def test_what_the_store_writes_survives_pruning_unchanged(
-    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
-) -> None:
-    store = open_kube(node_kubeconfig)
+def test_what_the_store_writes_survives_pruning_unchanged(tenant: Tenant) -> None:
+    store = open_kube(tenant.node)
     try:
         create(store, {"1": A, "2": B})
         store.put_reservation(Reservation("blue-198.51.100.1", A))
     finally:
         store.close()
-    client = admin(emu, tmp_path)
-    obj = client.request("GET", f"{POOLS}/{POOL}")
-    expected = crd.pool_to_object(Pool(POOL, "198.51.100.0/24", {"1": A, "2": B}), SA_NAMESPACE)
+    client = admin(tenant)
+    obj = client.request("GET", f"{pools(tenant)}/{POOL}")
+    expected = crd.pool_to_object(Pool(POOL, "198.51.100.0/24", {"1": A, "2": B}), tenant.namespace)
     assert obj["spec"] == expected["spec"]
     assert obj["metadata"]["annotations"] == expected["metadata"]["annotations"]
+    res = client.request("GET", f"{tenant.path('overlappingrangeipreservations')}/blue-198.51.100.1")
+    written = crd.reservation_to_object(Reservation("blue-198.51.100.1", A), tenant.namespace)
+    assert res["spec"] == written["spec"]
     client.close()
 
 
-def test_invalid_object_name_is_a_config_error(emu: Emulator, node_kubeconfig: Path) -> None:
-    store = open_kube(node_kubeconfig)
+def test_invalid_object_name_is_a_config_error(tenant: Tenant) -> None:
+    store = open_kube(tenant.node)
     try:
         with pytest.raises(Exception) as e:
             store.put_reservation(Reservation("--1", A))
@@ -309,36 +312,32 @@ def test_invalid_object_name_is_a_config_error(emu: Emulator, node_kubeconfig: P
         store.close()
 
 
-def test_pool_written_by_upstream_is_read_and_its_metadata_kept(
-    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
-) -> None:
+def test_pool_written_by_upstream_is_read_and_its_metadata_kept(tenant: Tenant) -> None:
     """An IPPool as whereabouts writes it: no pycni annotation, its own labels and annotations."""
-    client = admin(emu, tmp_path)
+    client = admin(tenant)
     upstream = {
         "apiVersion": "whereabouts.cni.cncf.io/v1alpha1",
         "kind": "IPPool",
         "metadata": {"name": POOL, "labels": {"team": "gpu"}, "annotations": {"note": "kept"}},
         "spec": {"range": "198.51.100.0/24", "allocations": {"5": {"id": "c" * 64, "podref": "ns/old"}}},
     }
-    client.request("POST", POOLS, upstream)
-    store = open_kube(node_kubeconfig)
+    client.request("POST", pools(tenant), upstream)
+    store = open_kube(tenant.node)
     try:
         snap = store.get_pool(POOL)
         assert snap is not None and snap.allocations == {"5": Allocation("c" * 64, "ns/old", "")}
         store.commit_pool(snap, PoolUpdate(put={"6": A}))
     finally:
         store.close()
-    obj = client.request("GET", f"{POOLS}/{POOL}")
+    obj = client.request("GET", f"{pools(tenant)}/{POOL}")
     assert obj["metadata"]["labels"] == {"team": "gpu"}
     assert obj["metadata"]["annotations"]["note"] == "kept"
     assert set(obj["spec"]["allocations"]) == {"5", "6"}
     client.close()
 
 
-def test_owners_annotation_is_dropped_when_nothing_is_left_to_record(
-    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
-) -> None:
-    store = open_kube(node_kubeconfig)
+def test_owners_annotation_is_dropped_when_nothing_is_left_to_record(tenant: Tenant) -> None:
+    store = open_kube(tenant.node)
     try:
         create(store, {"1": A})
         snap = store.get_pool(POOL)
@@ -346,58 +345,54 @@ def test_owners_annotation_is_dropped_when_nothing_is_left_to_record(
         store.commit_pool(snap, PoolUpdate(remove=frozenset({"1"})))
     finally:
         store.close()
-    client = admin(emu, tmp_path)
-    obj = client.request("GET", f"{POOLS}/{POOL}")
+    client = admin(tenant)
+    obj = client.request("GET", f"{pools(tenant)}/{POOL}")
     assert crd.OWNERS not in (obj["metadata"].get("annotations") or {})
     client.close()
 
 
-def test_paging_uses_limit_and_continue(emu: Emulator, node_kubeconfig: Path) -> None:
-    store = open_kube(node_kubeconfig)
+def test_paging_uses_limit_and_continue(tenant: Tenant) -> None:
+    store, client = counting_store(tenant.node)
     try:
         for i in range(7):
             store.put_reservation(Reservation(f"198.51.100.{i}", B))
         store.page = 3
-        before = emu.requests
-        assert len(list(store.iter_reservations())) == 7
-        assert emu.requests - before == 3
+        before = len(client.sent)
+        assert sorted(r.name for r in store.iter_reservations()) == [f"198.51.100.{i}" for i in range(7)]
+        assert client.sent[before:] == [("GET", tenant.path("overlappingrangeipreservations"))] * 3
     finally:
         store.close()
 
 
-def test_rbac_require_stops_an_undeclared_request_before_it_is_sent(
-    emu: Emulator, node_kubeconfig: Path
-) -> None:
-    conf = load_kubeconfig(str(node_kubeconfig))
-    store = KubeStore(Client(conf), conf.namespace, role=rbac.RECONCILER)
+def test_rbac_require_stops_an_undeclared_request_before_it_is_sent(tenant: Tenant) -> None:
+    store, client = counting_store(tenant.node, role=rbac.RECONCILER)
     try:
-        before = emu.requests
         with pytest.raises(rbac.NotGranted):
             create(store)  # the reconciler never creates
-        assert emu.requests == before
+        assert client.sent == []
     finally:
         store.close()
+    assert tenant.pools() == {}
 
 
-def test_basic_auth_header(emu: Emulator, tmp_path: Path) -> None:
-    path = emu.kubeconfig(tmp_path / "k", token="")
-    doc = orjson.loads(path.read_bytes())
-    doc["users"][0]["user"] = {"username": "u", "password": "p"}
-    path.write_bytes(orjson.dumps(doc))
+def test_basic_auth_is_sent_and_the_server_answers_for_an_anonymous_user(
+    tenant: Tenant, tmp_path: Path
+) -> None:
+    """kube-apiserver has no basic authentication: the header is ignored and the request is anonymous,
+    which RBAC refuses (403; a bad bearer token is 401: test_bad_token_is_unavailable_with_code_11)."""
+    path = with_user(tenant, tmp_path / "k", {"username": "u", "password": "p"})
     client = Client(load_kubeconfig(str(path)))
     assert client._auth == "Basic " + base64.b64encode(b"u:p").decode()
-    with pytest.raises(ApiError) as e:  # the emulator knows tokens and certificates only
-        client.request("GET", POOLS)
-    assert e.value.status == 401
+    with pytest.raises(ApiError) as e:
+        client.request("GET", pools(tenant))
+    assert e.value.status == 403 and 'User "system:anonymous" cannot list' in e.value.message
     client.close()
 
 
-def test_legacy_owners_annotation_is_ignored_and_removed_by_our_next_write(
-    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
-) -> None:
+def test_legacy_owners_annotation_is_ignored_and_removed_by_our_next_write(tenant: Tenant) -> None:
     """The first owners format (no stamp) cannot say which allocation it was written for: never
     attached, and gone after our next write; foreign annotations stay."""
-    client = admin(emu, tmp_path)
+    client = admin(tenant)
     legacy = {
         "apiVersion": "whereabouts.cni.cncf.io/v1alpha1",
         "kind": "IPPool",
@@ -407,8 +402,8 @@ def test_legacy_owners_annotation_is_ignored_and_removed_by_our_next_write(
         },
         "spec": {"range": "198.51.100.0/24", "allocations": {"5": {"id": "c" * 64, "podref": "ns/c"}}},
     }
-    client.request("POST", POOLS, legacy)
-    store = open_kube(node_kubeconfig)
+    client.request("POST", pools(tenant), legacy)
+    store = open_kube(tenant.node)
     try:
         snap = store.get_pool(POOL)
         assert snap is not None and snap.allocations == {"5": Allocation("c" * 64, "ns/c", "")}
@@ -417,6 +412,6 @@ def test_legacy_owners_annotation_is_ignored_and_removed_by_our_next_write(
         assert again is not None and again.allocations["6"] == A
     finally:
         store.close()
-    notes = client.request("GET", f"{POOLS}/{POOL}")["metadata"]["annotations"]
+    notes = client.request("GET", f"{pools(tenant)}/{POOL}")["metadata"]["annotations"]
     assert set(notes) == {crd.OWNERS, "note"} and set(crd.decode_owners(notes[crd.OWNERS])) == {"6"}
     client.close()

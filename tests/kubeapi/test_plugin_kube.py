@@ -1,5 +1,8 @@
 """The whereabouts plugin, the reconciler, the pod source and the operator CLI on the Kubernetes store,
-through the API emulator (node and reconciler service-account tokens, RBAC of the manifests enforced)."""
+on the session's real kube-apiserver (tests/kubeup.py: a namespace per test, bundler/manifests/rbac.yaml
+as shipped, the node's and the reconciler's ServiceAccount tokens; pods are API objects the test
+creates, with the UIDs the server gives them). Injected outages and 409 storms stay on the in-process
+emulator: a real server cannot be made to fail on demand."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from ipam.reconciler import Reconciler
 from tests.concurrency.harness import Att, base_conf, run_inline
 from tests.kubeapi.emulator import Emulator
 from tests.kubeapi.factory import open_kube, unreachable_kubeconfig
+from tests.kubeup import KubeServer, Tenant, stranger_kubeconfig
 
 
 def conf_for(kubeconfig: Path, tmp: Path, **ipam: Any) -> dict[str, Any]:
@@ -31,8 +35,17 @@ def ips(out: Any) -> list[str]:
     return [ip["address"] for ip in out["ips"]]
 
 
-def call(cmd: str, conf: dict[str, Any], att: Att, **extra: Any) -> tuple[int, Any]:
-    return run_inline(att.env(cmd), {**conf, **extra})
+def call(cmd: str, conf: dict[str, Any], att: Att, uid: str = "", **extra: Any) -> tuple[int, Any]:
+    """One plugin call; `uid`: the pod's UID as the kubelet passes it (default: made up from the cid)."""
+    env = att.env(cmd)
+    if uid:
+        env["CNI_ARGS"] = env["CNI_ARGS"].replace(f"K8S_POD_UID=uid-{att.cid}", f"K8S_POD_UID={uid}")
+    return run_inline(env, {**conf, **extra})
+
+
+def forbidden_count(server: KubeServer) -> float:
+    """How many requests the server has refused (403) so far, for any identity."""
+    return sum(n for (_, _, code), n in server.request_counts().items() if code == "403")
 
 
 P1, P2, P3 = (
@@ -42,7 +55,15 @@ P1, P2, P3 = (
 )
 
 
-def test_add_check_del_dual_stack(emu: Emulator, node_kubeconfig: Path, tmp_path: Path) -> None:
+def pods_of(tenant: Tenant) -> tuple[Att, Att, Att]:
+    """P1, P2, P3 as pods of the tenant's namespace (the pod objects are not created here)."""
+    ns = tenant.namespace
+    return (Att(P1.cid, P1.ifname, f"{ns}/pod-1"), Att(P2.cid, P2.ifname, f"{ns}/pod-2"),
+            Att(P3.cid, P3.ifname, f"{ns}/pod-3"))  # fmt: skip
+
+
+def test_add_check_del_dual_stack(tenant: Tenant, tmp_path: Path) -> None:
+    node_kubeconfig = tenant.node
     conf = conf_for(
         node_kubeconfig, tmp_path, ipRanges=[{"range": "198.51.100.0/29"}, {"range": "2001:db8::/64"}]
     )
@@ -72,10 +93,8 @@ def test_add_check_del_dual_stack(emu: Emulator, node_kubeconfig: Path, tmp_path
         store.close()
 
 
-def test_kubelet_readd_with_a_new_sandbox_takes_over(
-    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
-) -> None:
-    conf = conf_for(node_kubeconfig, tmp_path, range="198.51.100.0/29")
+def test_kubelet_readd_with_a_new_sandbox_takes_over(tenant: Tenant, tmp_path: Path) -> None:
+    conf = conf_for(tenant.node, tmp_path, range="198.51.100.0/29")
     first = call("ADD", conf, P1)[1]
     new = Att("d1" * 32, P1.ifname, P1.pod)
     rc, out = call("ADD", conf, new)
@@ -84,14 +103,16 @@ def test_kubelet_readd_with_a_new_sandbox_takes_over(
     assert call("CHECK", conf, new)[0] == 0
 
 
-def test_exhausted_pool_is_code_100(emu: Emulator, node_kubeconfig: Path, tmp_path: Path) -> None:
+def test_exhausted_pool_is_code_100(tenant: Tenant, tmp_path: Path) -> None:
+    node_kubeconfig = tenant.node
     conf = conf_for(node_kubeconfig, tmp_path, range="198.51.100.0/30")
     assert call("ADD", conf, P1)[0] == 0 and call("ADD", conf, P2)[0] == 0
     rc, out = call("ADD", conf, P3)
     assert rc == 1 and out["code"] == Code.POOL_EXHAUSTED and "198.51.100.0/30" in out["msg"]
 
 
-def test_gc_releases_what_is_not_valid(emu: Emulator, node_kubeconfig: Path, tmp_path: Path) -> None:
+def test_gc_releases_what_is_not_valid(tenant: Tenant, tmp_path: Path) -> None:
+    node_kubeconfig = tenant.node
     conf = conf_for(node_kubeconfig, tmp_path, range="198.51.100.0/29")
     for att in (P1, P2):
         assert call("ADD", conf, att)[0] == 0
@@ -177,64 +198,76 @@ def test_pool_outage_after_the_reservation_leaves_nothing_half_written(
 # ---- reconciler, pod source, CLI ------------------------------------------------------------------
 
 
-def reconciler_kubeconfig(emu: Emulator, tmp: Path) -> Path:
-    return emu.kubeconfig(tmp / "reconciler.kubeconfig", token="reconciler-token")
-
-
-def test_pod_source_answers_per_pod(emu: Emulator, tmp_path: Path) -> None:
-    emu.set_pod("ns1", "pod-1", "u1")
-    src = KubePodSource(Client(load_kubeconfig(str(reconciler_kubeconfig(emu, tmp_path)))), rbac.RECONCILER)
+def test_pod_source_answers_per_pod(tenant: Tenant, tmp_path: Path) -> None:
+    uid = tenant.create_pod("pod-1")["metadata"]["uid"]
+    src = KubePodSource(Client(load_kubeconfig(str(tenant.reconciler))), rbac.RECONCILER)
     try:
-        pod = src.lookup("ns1", "pod-1")
-        assert pod is not None and pod.uid == "u1"
-        assert src.lookup("ns1", "gone") is None
-        emu.fail("503")
-        with pytest.raises(PodSourceError):
-            src.lookup("ns1", "pod-1")
+        pod = src.lookup(tenant.namespace, "pod-1")
+        assert pod is not None and (pod.namespace, pod.name, pod.uid) == (tenant.namespace, "pod-1", uid)
+        assert src.lookup(tenant.namespace, "gone") is None
+        assert src.lookup(f"{tenant.namespace}-none", "pod-1") is None  # no such namespace: gone too
     finally:
         src.close()
     # an account that may not read pods: forbidden is "cannot tell", never "gone"
-    node = KubePodSource(
-        Client(load_kubeconfig(str(emu.kubeconfig(tmp_path / "n", token="nobody-token")))), rbac.RECONCILER
-    )
+    stranger = stranger_kubeconfig(tenant, tmp_path / "stranger.kubeconfig")
+    other = KubePodSource(Client(load_kubeconfig(str(stranger))), rbac.RECONCILER)
     try:
         with pytest.raises(PodSourceError, match="403"):
-            node.lookup("ns1", "pod-1")
+            other.lookup(tenant.namespace, "pod-1")
     finally:
-        node.close()
+        other.close()
 
 
-def test_reconciler_frees_only_what_belongs_to_gone_pods(
-    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
-) -> None:
-    conf = conf_for(node_kubeconfig, tmp_path, range="198.51.100.0/29")
-    for att in (P1, P2, P3):
-        assert call("ADD", conf, att)[0] == 0
-    emu.set_pod("ns1", "pod-1", f"uid-{P1.cid}")  # alive, same UID
-    emu.set_pod("ns1", "pod-2", "someone-else")  # recreated under the same name
-    # ns2/pod-3 is gone
-    kc = reconciler_kubeconfig(emu, tmp_path)
-    store = open_kube(kc, role=rbac.RECONCILER)
-    pods = KubePodSource(Client(load_kubeconfig(str(kc))), rbac.RECONCILER)
+def test_pod_source_server_errors_are_cannot_tell(emu: Emulator, tmp_path: Path) -> None:
+    """A 5xx from the API (injected: the emulator) is PodSourceError, never "gone"."""
+    emu.set_pod("ns1", "pod-1", "u1")
+    kc = emu.kubeconfig(tmp_path / "reconciler.kubeconfig", token="reconciler-token")
+    src = KubePodSource(Client(load_kubeconfig(str(kc))), rbac.RECONCILER)
+    try:
+        pod = src.lookup("ns1", "pod-1")
+        assert pod is not None and pod.uid == "u1"
+        emu.fail("503")
+        with pytest.raises(PodSourceError, match="503"):
+            src.lookup("ns1", "pod-1")
+        assert src.lookup("ns1", "gone") is None
+    finally:
+        src.close()
+
+
+def test_reconciler_frees_only_what_belongs_to_gone_pods(tenant: Tenant, tmp_path: Path) -> None:
+    p1, p2, p3 = pods_of(tenant)
+    conf = conf_for(tenant.node, tmp_path, range="198.51.100.0/29")
+    uid1 = tenant.create_pod("pod-1")["metadata"]["uid"]
+    uid2 = tenant.create_pod("pod-2")["metadata"]["uid"]
+    for att, uid in ((p1, uid1), (p2, uid2), (p3, "uid-of-a-pod-never-created")):
+        assert call("ADD", conf, att, uid=uid)[0] == 0
+    tenant.delete_pod("pod-2")  # recreated under the same name: a new UID
+    assert tenant.create_pod("pod-2")["metadata"]["uid"] != uid2
+    # pod-3 is gone (never created)
+    store = open_kube(tenant.reconciler, role=rbac.RECONCILER)
+    pods = KubePodSource(Client(load_kubeconfig(str(tenant.reconciler))), rbac.RECONCILER)
+    # an account that may not read pods: every lookup is 403, "cannot tell"
+    stranger = stranger_kubeconfig(tenant, tmp_path / "stranger.kubeconfig")
+    blind = KubePodSource(Client(load_kubeconfig(str(stranger))), rbac.RECONCILER)
     try:
         dry = Reconciler(store, pods, dry_run=True).run()
         assert dry.found == 4 and dry.freed == 0  # two allocations and their reservations
         report = Reconciler(store, pods).run()
         assert (report.found, report.freed, report.errors) == (4, 4, [])
         pool = store.get_pool("198.51.100.0-29")
-        assert pool is not None and [a.podref for a in pool.allocations.values()] == ["ns1/pod-1"]
+        assert pool is not None and [a.podref for a in pool.allocations.values()] == [p1.pod]
         assert [r.name for r in store.iter_reservations()] == ["198.51.100.1"]
-        emu.delete_pod("ns1", "pod-1")
-        emu.fail("503", 10, resource="pods")  # the API cannot tell whether the pod exists
-        report = Reconciler(store, pods).run()
+        tenant.delete_pod("pod-1")
+        report = Reconciler(store, blind).run()  # the API cannot tell whether the pod exists
         assert (report.found, report.freed, report.skipped) == (0, 0, 2)
         assert [r.name for r in store.iter_reservations()] == ["198.51.100.1"]
-        emu.clear_faults()
-        report = Reconciler(store, pods).run()  # it can tell again: the pod is gone
+        report = Reconciler(store, pods).run()  # it can tell: the pod is gone
         assert (report.found, report.freed) == (2, 2)
+        assert list(store.iter_reservations()) == []
     finally:
         store.close()
         pods.close()
+        blind.close()
 
 
 def run_cli(*argv: str) -> tuple[int, str]:
@@ -242,39 +275,39 @@ def run_cli(*argv: str) -> tuple[int, str]:
     return cli.main(list(argv), out), out.getvalue()
 
 
-def test_cli_pools_show_release_and_reconcile_on_the_kube_store(
-    emu: Emulator, node_kubeconfig: Path, tmp_path: Path
-) -> None:
-    conf = conf_for(node_kubeconfig, tmp_path, range="198.51.100.0/29")
-    for att in (P1, P2):
-        assert call("ADD", conf, att)[0] == 0
+def test_cli_pools_show_release_and_reconcile_on_the_kube_store(tenant: Tenant, tmp_path: Path) -> None:
+    refused = forbidden_count(tenant.server)
+    p1, p2, _ = pods_of(tenant)
+    conf = conf_for(tenant.node, tmp_path, range="198.51.100.0/29")
+    uid1 = tenant.create_pod("pod-1")["metadata"]["uid"]
+    assert call("ADD", conf, p1, uid=uid1)[0] == 0
+    assert call("ADD", conf, p2)[0] == 0
     ipam_file = tmp_path / "ipam.json"
-    kube = {"kubeconfig": str(reconciler_kubeconfig(emu, tmp_path))}
     section = {
         "datastore": "kubernetes",
-        "kubernetes": kube,
+        "kubernetes": {"kubeconfig": str(tenant.reconciler)},
         "configuration_path": str(tmp_path / "whereabouts.conf"),
     }
     ipam_file.write_bytes(jsonio.dumps(section))
     rc, out = run_cli("--config", str(ipam_file), "pools")
     assert rc == 0 and "198.51.100.0-29" in out and "2/6" in out
     rc, out = run_cli("--config", str(ipam_file), "show", "198.51.100.0-29")
-    assert rc == 0 and "ns1/pod-1" in out and "198.51.100.2" in out
+    assert rc == 0 and p1.pod in out and "198.51.100.2" in out
     rc, out = run_cli("--config", str(ipam_file), "release", "198.51.100.0-29", "198.51.100.2", "--yes")
     assert rc == 0 and "released 198.51.100.2" in out
-    emu.set_pod("ns1", "pod-1", f"uid-{P1.cid}")
     rc, out = run_cli("--config", str(ipam_file), "reconcile", "--pods", "kubernetes")
     assert rc == 0 and "freed 0 of 0" in out
-    emu.delete_pod("ns1", "pod-1")
+    tenant.delete_pod("pod-1")
     rc, out = run_cli("--config", str(ipam_file), "reconcile", "--pods", "kubernetes", "--dry-run")
     assert rc == 0 and "would free 2" in out
     rc, out = run_cli("--config", str(ipam_file), "reconcile", "--pods", "kubernetes")
     assert rc == 0 and "freed 2 of 2" in out
-    store = open_kube(node_kubeconfig)
+    store = open_kube(tenant.node)
     try:
         pool = store.get_pool("198.51.100.0-29")
         assert pool is not None and dict(pool.allocations) == {}
         assert list(store.iter_reservations()) == []
     finally:
         store.close()
-    assert {c[0] for c in emu.calls} == {"pycni-node", "pycni-reconciler"} and not emu.forbidden
+    # node and reconciler did all of it with what rbac.yaml grants them: the server refused nothing
+    assert forbidden_count(tenant.server) == refused

@@ -63,7 +63,8 @@ class Implementation:
         """`binary` None: ours, in this process."""
         self.name, self.flat, self.binary = name, flat, binary
         flat.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig)}}
+        doc = {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig)},
+               "local_db": str(flat.parent / "state" / "whereabouts.db")}  # ours: node-local state in tmp
         flat.write_text(json.dumps(doc))
 
     def conf(self, nad_conf: dict[str, Any], **extra: Any) -> dict[str, Any]:

@@ -1,0 +1,99 @@
+"""A pytest plugin for tests/kubeapi/test_rbac.py's child run (`-p tests.kubeapi.record`): with
+PYCNI_KUBEAPI_RECORD naming a file, every request the code sends through ipam.kubeapi.Client is
+appended to it as one JSON line [account, verb, group, resource, allowed]: the ServiceAccount its bearer
+token was issued for (the token's `sub`; other credentials are not recorded), the RBAC verb of the method
+and path, and whether the server let it through (anything but 403). The wrapper sits around the
+client's public `request` in this process only, so requests of plugin processes a test spawns are not
+seen; the real server enforces RBAC on those anyway. Only tests whose requests can be recorded run:
+those on the real server through the client (the `kube` fixture, or the contract suite's kubernetes
+variant), not the emulator's (its tokens name no ServiceAccount) nor those that only spawn processes
+or speak raw HTTP (NOT_THROUGH_THE_CLIENT)."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ipam.kubeapi import ApiError, Client
+
+RECORD_ENV = "PYCNI_KUBEAPI_RECORD"
+SA_PREFIX = "system:serviceaccount:"
+NOT_THROUGH_THE_CLIENT = ("test_emulator_parity.py", "test_import_cost.py", "test_frozen_kube.py")
+
+
+def account(client: Client) -> str:
+    """The ServiceAccount name the client's token was issued for ("" for anything else)."""
+    conf = client.conf
+    token = conf.token or (Path(conf.token_file).read_text().strip() if conf.token_file else "")
+    parts = token.split(".")
+    if len(parts) != 3:
+        return ""
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except ValueError:
+        return ""
+    sub = str(claims.get("sub", ""))
+    return sub.rsplit(":", 1)[1] if sub.startswith(SA_PREFIX) else ""
+
+
+def verb_of(method: str, path: str, query: dict[str, Any] | None) -> tuple[str, str, str]:
+    """(verb, group, resource) of a namespaced request path, as RBAC names them."""
+    parts = path.strip("/").split("/")
+    if parts[0] == "api":  # /api/v1/namespaces/NS/RESOURCE[/NAME]
+        group, rest = "", parts[2:]
+    else:  # /apis/GROUP/VERSION/namespaces/NS/RESOURCE[/NAME]
+        group, rest = parts[1], parts[3:]
+    resource, named = rest[2], len(rest) > 3
+    if method == "GET":
+        verb = "watch" if (query or {}).get("watch") else "get" if named else "list"
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, "")
+        verb = verb or ("delete" if named else "deletecollection")
+    return verb, group, resource
+
+
+def _install(record: Path) -> None:
+    original = Client.request
+
+    @functools.wraps(original)
+    def request(
+        self: Client, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        who = account(self)
+        allowed = True
+        try:
+            return original(self, method, path, body, query)
+        except ApiError as e:
+            allowed = e.status != 403
+            raise
+        finally:
+            if who:
+                row = [who, *verb_of(method, path, query), allowed]
+                with record.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+
+    Client.request = request  # type: ignore[method-assign]
+
+
+def recordable(item: pytest.Item) -> bool:
+    if item.nodeid.split("::")[0].endswith(NOT_THROUGH_THE_CLIENT):
+        return False
+    params = getattr(item, "callspec", None)
+    variant = params.params.get("factory") if params is not None else None
+    return "kube" in getattr(item, "fixturenames", ()) or variant == "kubernetes"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept = [i for i in items if recordable(i)]
+    config.hook.pytest_deselected(items=[i for i in items if not recordable(i)])
+    items[:] = kept
+
+
+if os.environ.get(RECORD_ENV):
+    _install(Path(os.environ[RECORD_ENV]))
