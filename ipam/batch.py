@@ -39,7 +39,8 @@ class Op:
     claims: Claims = field(default_factory=Claims)
     offsets: list[int] = field(default_factory=list)  # add: [the address]
     freed: list[tuple[int, Allocation]] = field(default_factory=list)  # del: offsets and entries freed
-    started: float = 0.0
+    begun: float = 0.0  # when the op started
+    started: float = 0.0  # when it last saw progress (its start, or a race lost to another writer)
     error: BaseException | None = None
     done: bool = False
 
@@ -94,6 +95,10 @@ class BatchView:
             self.put[key] = owner
             if key.isdigit():
                 self._held.add(int(key))
+
+    def hold(self, offset: int) -> None:
+        """`offset` is someone else's (a reservation): no op of this batch picks it."""
+        self._held.add(offset)
 
     def update(self) -> PoolUpdate:
         return PoolUpdate(put=dict(self.put), remove=frozenset(self.remove))

@@ -36,6 +36,7 @@ from ipam.store.base import (
 from ipam.store.names import pool_name, reservation_address, reservation_name
 
 SPREAD_MAX = 32  # after lost races, pick among at most this many of the lowest free addresses
+HOT_SECONDS = 2.0  # after a race lost to another node, this node's calls spread at once for this long
 CLUSTER_STORES = ("kubernetes", "etcd")
 
 
@@ -82,7 +83,9 @@ class Engine:
     def _commit(self, view: PoolView, update: PoolUpdate) -> None:
         self.store.commit_pool(Pool(view.name, view.range, {}, view.version), update)
 
-    def _atomic(self, pool: str = "", node: str = "") -> contextlib.AbstractContextManager[None]:
+    def _atomic(
+        self, pool: str = "", node: str = ""
+    ) -> contextlib.AbstractContextManager[nodelock.Held | None]:
         """One attempt's read-modify-write: the store's exclusive() (local), a node-local lock per pool
         (cluster stores: ipam.nodelock), else nothing."""
         exclusive = getattr(self.store, "exclusive", None)
@@ -99,7 +102,7 @@ class Engine:
         the agent, concurrent calls share one write); raise an op's own error."""
         now = self.retry.clock()
         for op in ops:
-            op.started = now
+            op.started = op.begun = now
         name = self.pool_name(ops[0].rng)
         what = f"{'allocating' if ops[0].kind == 'add' else 'releasing'} in {ops[0].rng.cidr}"
         batch.combiner((self.identity, name)).run(
@@ -117,13 +120,15 @@ class Engine:
         if not pending:
             return
         decided = []
-        with self._atomic(name, pending[0].owner.node):
+        with self._atomic(name, pending[0].owner.node) as lock:
             view = self._view(pending[0].rng)
             changes = BatchView(view)
+            hot = lock is not None and lock.hot()
+            lost = sum(op.claims.lost for op in pending)
             for op in pending:
                 try:
                     if op.kind == "add":
-                        self._decide_add(op, changes)
+                        self._decide_add(op, changes, hot)
                     else:
                         owned = changes.owned(op.owner)  # the entries as stored (reservations follow them)
                         changes.apply(PoolUpdate(remove=frozenset(k for k, _ in owned)))
@@ -134,6 +139,8 @@ class Engine:
                     op.error, op.done = e, True
                     continue
                 decided.append(op)
+            if lock is not None and sum(op.claims.lost for op in pending) > lost:
+                lock.heat(HOT_SECONDS)  # races lost to other nodes: the next calls here spread at once
             update = changes.update()
             if update and (view.version is not None or update.put):
                 self._commit(view, update)
@@ -144,19 +151,26 @@ class Engine:
                 log.debug("%s %s: %s (%s)", op.owner.container_id, op.owner.ifname,
                           op.rng.address(op.offsets[0]), name)  # fmt: skip
 
-    def _decide_add(self, op: Op, changes: BatchView) -> None:
-        # stores that serialise writers (exclusive()) never lose races: no spread there
+    def _decide_add(self, op: Op, changes: BatchView, hot: bool = False) -> None:
+        # stores that serialise writers (exclusive()) never lose races: no spread there; a pool other
+        # nodes are racing on (`hot`): spread from the first candidate
         serial = getattr(self.store, "exclusive", None) is not None
         while True:
+            width = 1 if serial else SPREAD_MAX if hot else spread(op.claims)
             decision = allocator.allocate(
                 op.rng, changes, op.owner, frozenset(op.claims.blocked), sorted(op.claims.mine.values()),
-                1 if serial else spread(op.claims), pick=lambda n: int(self.retry.rand() * n),
+                width, pick=lambda n: int(self.retry.rand() * n),
             )  # fmt: skip
             if op.overlapping:
+                lost = op.claims.lost
                 try:
-                    self._claim(op, decision)
+                    self._claim(op, decision, changes.version)
                 except Again:
-                    if self.retry.clock() - op.started > self.retry.deadline:
+                    if op.claims.lost > lost:
+                        op.started = self.retry.clock()  # lost to a racer: progress elsewhere
+                        changes.hold(decision.offset)  # and no other op of this batch tries it again
+                    now = self.retry.clock()
+                    if now - op.started > self.retry.deadline or now - op.begun > self.retry.limit:
                         raise TryAgainError(
                             f"allocating in {op.rng.cidr}: gave up: candidates keep being taken elsewhere"
                         ) from None
@@ -194,7 +208,7 @@ class Engine:
         finally:
             self._drop_claims(op.claims, keep, owner)
 
-    def _claim(self, op: Op, decision: allocator.Decision) -> None:
+    def _claim(self, op: Op, decision: allocator.Decision, pool_version: str | None = None) -> None:
         """The cluster-wide reservation of the decided address: created (POST first: one request when it
         is free), kept when this attachment holds it, taken over for the same pod and interface; a
         candidate held by someone else is blocked and Again asks for another."""
@@ -221,8 +235,9 @@ class Engine:
                 claims.created[name] = version
         elif decision.kind == "new":
             claims.blocked.add(decision.offset)
-            if res.owner.network and res.owner.network == owner.network:
-                claims.lost += 1  # a racer on this network (another network's pool: a steady block)
+            same_network = bool(res.owner.network) and res.owner.network == owner.network
+            if same_network or _newer(res.version, pool_version):
+                claims.lost += 1  # a racer (a reservation older than the pool we read: a steady block)
             raise Again()
         else:
             log.error(
@@ -375,6 +390,17 @@ def _reserved_for(res: Allocation, held: Allocation) -> bool:
     an entry over for a re-ADD (new container id), leaves the reservation as it was. A reservation of
     another pod or interface is never touched."""
     return res.same_attachment(held) or held.same_pod_interface(res) or _legacy_same_pod(res, held)
+
+
+def _newer(version: str | None, than: str | None) -> bool:
+    """Whether object version `version` was written after `than`. Kubernetes resourceVersions and etcd
+    mod_revisions are one cluster-wide counter: a reservation newer than the pool we read belongs to a
+    call in flight, not to an allocation the pool (or another pool) already held. Only a hint for
+    spreading candidates, never for correctness: unparsable versions say no."""
+    try:
+        return version is not None and than is not None and int(version) > int(than)
+    except ValueError:
+        return False
 
 
 def _legacy_same_pod(held: Allocation, owner: Allocation) -> bool:

@@ -3,7 +3,7 @@ Kubernetes API, ipam.kubeapi; etcd's JSON gateway, ipam.store.etcdgw). http.clie
 milliseconds to import, where a client library's stack (urllib3, requests) costs tens (README: IPAM,
 "One HTTP layer").
 
-- Timeouts: `connect` bounds the TCP (and TLS) handshake, `read` every read of an answer.
+- Timeouts: `connect` bounds the TCP connect, `read` the TLS handshake and every read of an answer.
 - A kept-alive connection the server closed meanwhile is reopened once, and only when it was reused:
   a request on a fresh connection is never sent twice by this layer (a write is never repeated).
 - TLS: the caller's ssl.SSLContext; `server_name` overrides the name checked and sent in SNI.
@@ -22,13 +22,16 @@ class _TLSConnection(http.client.HTTPSConnection):
     """HTTPSConnection whose certificate check and SNI use `server_name` (kubeconfig tls-server-name)."""
 
     def __init__(
-        self, host: str, port: int, server_name: str, context: ssl.SSLContext, timeout: float
+        self, host: str, port: int, server_name: str, context: ssl.SSLContext, timeout: float,
+        handshake: float,
     ) -> None:
         super().__init__(host, port, timeout=timeout, context=context)
-        self.server_name, self.tls_context = server_name, context
+        self.server_name, self.tls_context, self.handshake = server_name, context, handshake
 
     def connect(self) -> None:
         http.client.HTTPConnection.connect(self)  # TCP, and the proxy tunnel when set
+        # the TLS handshake is the server's work (a busy API server takes seconds): the read bound
+        self.sock.settimeout(self.handshake)
         self.sock = self.tls_context.wrap_socket(self.sock, server_hostname=self.server_name)
 
 
@@ -97,7 +100,9 @@ class Connection:
         conn: http.client.HTTPConnection
         if self.scheme == "https":
             assert self.tls is not None
-            conn = _TLSConnection(host, port, self.server_name or self.host, self.tls, self.connect_timeout)
+            conn = _TLSConnection(
+                host, port, self.server_name or self.host, self.tls, self.connect_timeout, self.read_timeout
+            )
             if self.proxy is not None:
                 conn.set_tunnel(self.host, self.port)
         else:

@@ -51,15 +51,32 @@ def _counter(fd: int) -> int:
     return int.from_bytes(os.pread(fd, 8, 0).ljust(8, b"\0"), "little")
 
 
+class Held:
+    """The lock while it is held. Besides the progress counter (bytes 0-8) the file keeps how long
+    writers of this pool on this node should expect contention (bytes 8-16, a wall-clock deadline in
+    milliseconds): a call that lost a race to another node says so, and the calls after it on this
+    node spread their candidates at once instead of each losing the same races again."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def hot(self) -> bool:
+        until = int.from_bytes(os.pread(self.fd, 8, 8).ljust(8, b"\0"), "little")
+        return until > time.time() * 1000
+
+    def heat(self, seconds: float) -> None:
+        os.pwrite(self.fd, int((time.time() + seconds) * 1000).to_bytes(8, "little"), 8)
+
+
 @contextlib.contextmanager
-def held(path: str, patience: float = PATIENCE, limit: float = LIMIT) -> Iterator[None]:
-    """Hold the lock at `path` for the body; without it (logged) when the file cannot be opened."""
+def held(path: str, patience: float = PATIENCE, limit: float = LIMIT) -> Iterator[Held | None]:
+    """Hold the lock at `path` for the body; without it (None, logged) when the file cannot be opened."""
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:
         log.debug("node lock %s unavailable (%s): running without it", path, e.strerror)
-        yield
+        yield None
         return
     try:
         try:
@@ -72,7 +89,7 @@ def held(path: str, patience: float = PATIENCE, limit: float = LIMIT) -> Iterato
                 f"node lock {path}: held elsewhere without progress for {patience:g}s"
             ) from None
         os.pwrite(fd, ((_counter(fd) + 1) % 2**63).to_bytes(8, "little"), 0)
-        yield
+        yield Held(fd)
     finally:
         os.close(fd)  # releases the lock
 

@@ -218,3 +218,26 @@ def test_cluster_store_attempts_hold_the_node_lock(tmp_path: Path) -> None:
         assert not done.wait(0.3)  # queued behind the holder
     t.join(30)
     assert done.is_set() and len(backend.pools["198.51.100.0-24"].allocations) == 2
+
+
+def test_a_race_lost_to_another_writer_heats_the_pool_and_the_next_call_spreads(tmp_path: Path) -> None:
+    """Node 2 finds the lowest free address reserved by a call in flight elsewhere (a reservation newer
+    than the pool it read): it takes another and marks the pool hot in its node lock, so its next
+    call picks among the lowest free addresses at once instead of walking into the same races."""
+    from ipam.store.base import Reservation
+
+    backend = Backend()
+    e1 = _engine(backend, [], 0.0, local_db=str(tmp_path / "n1" / "db"))
+    e1.add(A)  # the pool exists (version 1.., holding .1)
+    racer = Allocation("cx", "ns/x", "net1", "", "n", "node9")
+    MemoryStore(backend).put_reservation(Reservation("198.51.100.2", racer))  # in flight on node9
+    picks: list[int] = []
+    e2 = _engine(backend, [], 0.0, local_db=str(tmp_path / "n2" / "db"))
+    e2.retry = type(e2.retry)(rand=lambda: picks.append(1) or 0.99)
+    owner_b = Allocation("cb", "ns/b", "net1", "", "n", "node2")
+    assert e2.add(owner_b)[0][1] == 3 and picks == []  # lowest free after the racer's; no spread yet
+    lock = nodelock.path_for(str(tmp_path / "n2" / "locks"), e2.identity, "node2", "198.51.100.0-24")
+    with nodelock.held(lock) as held:
+        assert held is not None and held.hot()
+    got = e2.add(Allocation("cc", "ns/c", "net1", "", "n", "node2"))[0][1]
+    assert picks and got > 4  # spread: a random pick (here the highest) among the lowest free
