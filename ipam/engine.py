@@ -115,41 +115,63 @@ class Engine:
     def _step(self, name: str, ops: list[Op]) -> None:
         """One read-modify-write of pool `name` for every op of the batch not yet done: each decided in
         turn against the pool plus the decisions before it, then one write. A Conflict on the write
-        leaves every op pending (the retry reads the pool again; reservations already made are kept)."""
+        leaves every op pending (the retry reads the pool again; reservations already made are kept).
+
+        On a pool other nodes write too (`hot`), the reservations a pass created took round trips during
+        which the pool may have moved on: the pool is read again and the batch decided again on it (each
+        op keeps the address it reserved, no request), so the write follows its read at once instead of
+        losing the compare-and-swap to whoever wrote meanwhile."""
         pending = [op for op in ops if not op.done]
         if not pending:
             return
-        decided = []
         with self._atomic(name, pending[0].owner.node) as lock:
-            view = self._view(pending[0].rng)
-            changes = BatchView(view)
             hot = lock is not None and lock.hot()
             lost = sum(op.claims.lost for op in pending)
-            for op in pending:
-                try:
-                    if op.kind == "add":
-                        self._decide_add(op, changes, hot)
-                    else:
-                        owned = changes.owned(op.owner)  # the entries as stored (reservations follow them)
-                        changes.apply(PoolUpdate(remove=frozenset(k for k, _ in owned)))
-                        op.freed = [(int(k), held) for k, held in owned if k.isdigit()]
-                except (StoreUnavailable, Conflict):
-                    raise
-                except CniError as e:  # this op's own failure (pool exhausted, candidates keep going)
-                    op.error, op.done = e, True
-                    continue
-                decided.append(op)
+            view = self._view(pending[0].rng)
+            changes, decided, claimed = self._decide_all(view, pending, hot)
+            if hot and claimed:
+                again = self._view(pending[0].rng)
+                if again.version != view.version:
+                    view = again
+                    changes, decided, _ = self._decide_all(view, [op for op in pending if not op.done], hot)
             if lock is not None and sum(op.claims.lost for op in pending) > lost:
                 lock.heat(HOT_SECONDS)  # races lost to other nodes: the next calls here spread at once
             update = changes.update()
             if update and (view.version is not None or update.put):
-                self._commit(view, update)
+                try:
+                    self._commit(view, update)
+                except Conflict:
+                    if lock is not None:
+                        lock.heat(HOT_SECONDS)  # another node wrote this pool meanwhile
+                    raise
                 faults.point("store-commit")  # tests: inside the store transaction, before it ends
         for op in decided:
             op.done = True
             if op.kind == "add":
                 log.debug("%s %s: %s (%s)", op.owner.container_id, op.owner.ifname,
                           op.rng.address(op.offsets[0]), name)  # fmt: skip
+
+    def _decide_all(self, view: PoolView, pending: list[Op], hot: bool) -> tuple[BatchView, list[Op], bool]:
+        """Decide every op on `view`: (the changes, the ops decided, whether any reservation was created
+        on the way). An op's own failure is final for it."""
+        changes = BatchView(view)
+        decided = []
+        created = sum(len(op.claims.created) for op in pending)
+        for op in pending:
+            try:
+                if op.kind == "add":
+                    self._decide_add(op, changes, hot)
+                else:
+                    owned = changes.owned(op.owner)  # the entries as stored (reservations follow them)
+                    changes.apply(PoolUpdate(remove=frozenset(k for k, _ in owned)))
+                    op.freed = [(int(k), held) for k, held in owned if k.isdigit()]
+            except (StoreUnavailable, Conflict):
+                raise
+            except CniError as e:  # this op's own failure (pool exhausted, candidates keep going)
+                op.error, op.done = e, True
+                continue
+            decided.append(op)
+        return changes, decided, sum(len(op.claims.created) for op in pending) > created
 
     def _decide_add(self, op: Op, changes: BatchView, hot: bool = False) -> None:
         # stores that serialise writers (exclusive()) never lose races: no spread there; a pool other
