@@ -26,6 +26,10 @@ ADD: no address in two pool entries across the namespace's pools, every entry ha
 vice versa, one entry per successful attachment holding the address the call returned; after DEL: pools
 empty, no reservations). Then "one uncontended ADD" (and DEL): a process per call, median of --single.
 
+The request deltas are server-wide: the kube-apiserver's own requests (its identity Lease, a PUT every
+10 s; its informers' WATCH restarts) are in them too, a few per minute; the details line leaves out
+what is under 0.01 per attachment. No Pod objects are created (neither IPAM needs them for ADD/DEL).
+
 Every phase has a time budget (--budget; attachments not started by then are reported as not done) and
 every call a timeout. Everything written goes into a temp dir that is removed, except the JSON result.
 
