@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv deps lint typecheck unit e2e test demo bench bench-bundle bench-ipam bench-warm driver bundle clean fuzz
+.PHONY: all venv deps lint typecheck unit e2e test demo bench bench-bundle bench-ipam bench-ipam-scale bench-warm driver bundle clean fuzz
 all: venv
 
 $(STAMP): pyproject.toml
@@ -69,6 +69,12 @@ bench-bundle: deps venv driver bundle
 # p50/p99), one ADD into a pool of 60,000 and into a /64 holding 100,000 (not a timed test).
 bench-ipam: deps venv
 	$(PY) -m tests.bench.ipam
+
+# Upstream whereabouts vs pycni standalone vs pycni through per-node agents on one real kube-apiserver
+# (../shared/upstream): P pods x N networks on K nodes, ADD then DEL (tests/bench/ipam_scale.py; not a
+# timed test; ARGS="--scenario 313", "--mode shared", "--source", ...; JSON in dist/bench/).
+bench-ipam-scale: deps venv bundle
+	$(PY) -m tests.bench.ipam_scale $(ARGS)
 
 bench-warm: deps venv driver bundle
 	$(PY) -m tests.bench.warm $(if $(N),-n $(N))

@@ -1,0 +1,716 @@
+"""`make bench-ipam-scale`: upstream whereabouts v0.9.4 and pycni's whereabouts side by side on one real
+kube-apiserver (tests/kubeup.py), at pod scale. Not a timed test: it prints markdown tables and writes a
+JSON result file.
+
+Workload (flags): P pods x N networks per pod on K simulated nodes; each node starts C pods at a time and
+a pod's N attachments run one after another (as Multus does them). Every attachment is one IPAM plugin
+process: CNI_COMMAND=ADD, CNI_CONTAINERID = the pod's sandbox id, CNI_IFNAME=net1..netN, a dummy
+CNI_NETNS (never created: IPAM only), CNI_ARGS with K8S_POD_NAMESPACE/K8S_POD_NAME/K8S_POD_UID,
+NODENAME = the node, the network's config on stdin. Range modes: `shared` (every network uses
+198.18.0.0/20, no network_name: one IPPool for all) and `per-network` (network i: 198.19.i.0/24). Then
+the DEL phase, same shape, for every attachment the ADD phase started.
+
+Implementations, each in a fresh namespace (kubeup.Tenant) per range mode on the same server:
+- upstream: the real binary (../shared/upstream `unpack whereabouts`), its flat file and inline-token
+  kubeconfig in the temp dir, a ServiceAccount bound to upstream's ClusterRole rules (anchor notes 5.9:
+  whereabouts objects, leases, pods, nodes, NADs, events), NODENAME set;
+- pycni: the frozen `whereabouts` entry (dist/cni-bin) with PYCNI_AGENT=off (--source: `python -m cni
+  whereabouts`), the tenant's node kubeconfig (tokenFile, rbac.yaml as shipped);
+- pycni+agent: one `pycni-agent` per simulated node (own socket), every call through the shim with
+  PYCNI_AGENT_SOCKET set; the agents' logs must show they served every call (fallbacks are counted).
+
+Per implementation, mode and phase: wall time, attachments/s, p50/p99 per call and per pod, API requests
+per attachment split by verb/resource with 409/422 (deltas of apiserver_request_total), API-server CPU
+seconds, failures (count, distinct messages), speed against upstream, and a check of the objects (after
+ADD: no address in two pool entries across the namespace's pools, every entry has its reservation and
+vice versa, one entry per successful attachment holding the address the call returned; after DEL: pools
+empty, no reservations). Then "one uncontended ADD" (and DEL): a process per call, median of --single.
+
+The request deltas are server-wide: the kube-apiserver's own requests (its identity Lease, a PUT every
+10 s; its informers' WATCH restarts) are in them too, a few per minute; the details line leaves out
+what is under 0.01 per attachment. No Pod objects are created (neither IPAM needs them for ADD/DEL).
+
+Every phase has a time budget (--budget; attachments not started by then are reported as not done) and
+every call a timeout. Everything written goes into a temp dir that is removed, except the JSON result.
+
+    python -m tests.bench.ipam_scale [--pods 64 --networks 8 --nodes 8 --concurrency 4]
+        [--mode shared|per-network|both] [--impl upstream|pycni|pycni+agent ...] [--scenario 313]
+        [--source] [--budget S] [--json PATH]            (root for the agents; `make bundle` first)"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests import agentutil, kubeup
+from tests.bench.ipam import pct
+from tests.nsutil import REPO
+
+BUNDLE = REPO / "dist" / "cni-bin"
+SHARED_RANGE = "198.18.0.0/20"
+SINGLE_RANGE = "198.18.32.0/24"  # the uncontended ADDs: outside both workload ranges
+CALL_TIMEOUT = 150.0  # upstream's own ADD limit is 2 min
+# Paths our IPAM, our agent or upstream's IPAM would use when a config does not say otherwise: none may
+# appear. (Not /var/lib/cni/pycni itself: the device plugins' locks live there, and other test runs on a
+# shared machine make it.)
+DEFAULT_PATHS = ("/var/lib/cni/pycni/whereabouts.db", "/var/lib/cni/pycni/whereabouts.db-wal",
+                 "/etc/cni/net.d/whereabouts.d", "/run/pycni/agent.sock",
+                 "/etc/kubernetes/cni/net.d/whereabouts.d", "/host/etc/cni/net.d/whereabouts.d")
+UPSTREAM_RULES: list[dict[str, Any]] = [  # ClusterRole whereabouts-cni (doc/crds/daemonset-install.yaml)
+    {"apiGroups": ["whereabouts.cni.cncf.io"],
+     "resources": ["ippools", "overlappingrangeipreservations", "nodeslicepools"],
+     "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "get"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["network-attachment-definitions"],
+     "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"],
+     "verbs": ["create", "patch", "update", "get"]},
+]
+
+
+# ---- the workload ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    pods: int = 64
+    networks: int = 8
+    nodes: int = 8
+    concurrency: int = 4
+    mode: str = "shared"  # or "per-network"
+    budget: float = 600.0  # seconds per phase: no attachment starts after it
+    call_timeout: float = CALL_TIMEOUT
+
+    def node(self, pod: int) -> str:
+        return f"node-{pod % self.nodes}"
+
+    def range(self, net: int) -> str:
+        return SHARED_RANGE if self.mode == "shared" else f"198.19.{net}.0/24"
+
+    @property
+    def attachments(self) -> int:
+        return self.pods * self.networks
+
+
+@dataclass
+class Call:
+    pod: int
+    net: int  # 1..N (CNI_IFNAME net<N>)
+    node: str
+    ok: bool
+    seconds: float
+    start: float
+    end: float
+    ip: str = ""
+    error: str = ""
+
+
+@dataclass
+class Pod:
+    index: int
+    namespace: str
+    prefix: str  # tells the implementations' sandboxes apart
+
+    @property
+    def name(self) -> str:
+        return f"pod-{self.index}"
+
+    @property
+    def sandbox(self) -> str:
+        return f"{self.prefix}{self.index:08x}".rjust(64, "0")
+
+    @property
+    def uid(self) -> str:
+        return str(uuid.uuid5(uuid.NAMESPACE_OID, self.sandbox))
+
+
+class Impl:
+    """One IPAM implementation: how to run a call, its config, and the namespace it works in."""
+
+    label = ""
+    tenant: kubeup.Tenant
+
+    def setup(self, tenant: kubeup.Tenant, scratch: Path) -> None:
+        self.tenant = tenant
+        self.scratch = scratch
+        self.cni_path = scratch / "cni-path"  # empty: the IPAM delegates to nothing
+        self.cni_path.mkdir(parents=True, exist_ok=True)
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self, node: str) -> dict[str, str]:
+        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+    def ipam(self, rng: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def served(self) -> Counter[str]:
+        """Calls an agent answered, by command ('ADD', 'DEL'); empty without agents."""
+        return Counter()
+
+    def close(self) -> None:
+        pass
+
+
+def network_config(impl: Impl, wl: Workload, net: int) -> bytes:
+    conf = {"cniVersion": "1.0.0", "name": f"bench-net{net}", "type": "macvlan",
+            "ipam": impl.ipam(wl.range(net))}
+    return json.dumps(conf).encode()
+
+
+def call_env(impl: Impl, command: str, pod: Pod, net: int, node: str) -> dict[str, str]:
+    return {
+        **impl.env(node),
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": pod.sandbox,
+        "CNI_NETNS": f"/var/run/netns/bench-{pod.sandbox[-12:]}",  # a name only: never created or read
+        "CNI_IFNAME": f"net{net}",
+        "CNI_PATH": str(impl.cni_path),
+        "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name};"
+                    f"K8S_POD_INFRA_CONTAINER_ID={pod.sandbox};K8S_POD_UID={pod.uid}",
+        "NODENAME": node,
+    }
+
+
+def error_text(stdout: bytes, stderr: bytes, rc: int) -> str:
+    try:
+        doc = json.loads(stdout)
+        if isinstance(doc, dict) and "msg" in doc:
+            details = f": {doc['details']}" if doc.get("details") else ""
+            return f"code {doc.get('code')}: {doc['msg']}{details}"[:300]
+    except ValueError:
+        pass
+    tail = stderr.decode(errors="replace").strip().splitlines()[-1:] or [stdout.decode(errors="replace")]
+    return f"rc {rc}: {tail[0][:300]}"
+
+
+def one_call(impl: Impl, wl: Workload, command: str, pod: Pod, net: int, confs: dict[int, bytes],
+             deadline: float) -> Call:
+    node = wl.node(pod.index)
+    timeout = max(1.0, min(wl.call_timeout, deadline + wl.call_timeout - time.monotonic()))
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(impl.argv(), input=confs[net], capture_output=True, timeout=timeout,
+                              env=call_env(impl, command, pod, net, node), cwd=impl.scratch, check=False)
+    except subprocess.TimeoutExpired:
+        end = time.perf_counter()
+        return Call(pod.index, net, node, False, end - start, start, end,
+                    error=f"timeout after {timeout:.0f} s")
+    end = time.perf_counter()
+    if proc.returncode != 0:
+        return Call(pod.index, net, node, False, end - start, start, end,
+                    error=error_text(proc.stdout, proc.stderr, proc.returncode))
+    ip = ""
+    if command == "ADD":
+        try:
+            ip = str(json.loads(proc.stdout)["ips"][0]["address"]).split("/")[0]
+        except (ValueError, KeyError, IndexError, TypeError):
+            return Call(pod.index, net, node, False, end - start, start, end,
+                        error=f"no address in the result: {proc.stdout[:200]!r}")
+    return Call(pod.index, net, node, True, end - start, start, end, ip=ip)
+
+
+def run_phase(impl: Impl, wl: Workload, command: str, pods: list[Pod],
+              nets: dict[int, list[int]] | None = None) -> tuple[list[Call], float]:
+    """Every pod's attachments (`nets[pod]`, default 1..N) in order; K nodes with C workers each taking
+    the node's next pod. No attachment starts after the phase budget. (calls, wall seconds)"""
+    confs = {net: network_config(impl, wl, net) for net in range(1, wl.networks + 1)}
+    queues: dict[str, queue.SimpleQueue[Pod]] = {f"node-{k}": queue.SimpleQueue() for k in range(wl.nodes)}
+    for pod in pods:
+        queues[wl.node(pod.index)].put(pod)
+    calls: list[Call] = []
+    lock = threading.Lock()
+    start = time.monotonic()
+    deadline = start + wl.budget
+
+    def worker(q: queue.SimpleQueue[Pod]) -> None:
+        while time.monotonic() < deadline:
+            try:
+                pod = q.get_nowait()
+            except queue.Empty:
+                return
+            for net in (nets or {}).get(pod.index, range(1, wl.networks + 1)):
+                if time.monotonic() >= deadline:
+                    return
+                c = one_call(impl, wl, command, pod, net, confs, deadline)
+                with lock:
+                    calls.append(c)
+
+    threads = [threading.Thread(target=worker, args=(q,), daemon=True)
+               for q in queues.values() for _ in range(wl.concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:  # each call is bounded by its timeout, so this ends by deadline + call timeout
+        t.join(wl.budget + 2 * wl.call_timeout)
+    wall = time.monotonic() - start
+    with lock:
+        return list(calls), wall
+
+
+# ---- what the server holds --------------------------------------------------------------------------
+
+
+def _normal(ip: str) -> str:
+    """An address as whereabouts names its reservation (IPv6 ':' -> '-', a trailing ':' gets a '0')."""
+    text = str(ipaddress.ip_address(ip))
+    return (text + "0" if text.endswith(":") else text).replace(":", "-")
+
+
+def held(tenant: kubeup.Tenant) -> list[tuple[str, str, dict[str, Any]]]:
+    """(pool, ip, entry) of every allocation in every IPPool of the namespace."""
+    out = []
+    for pool in tenant.objects("ippools"):
+        net = ipaddress.ip_network(pool["spec"]["range"], strict=False)
+        for offset, entry in (pool["spec"].get("allocations") or {}).items():
+            out.append((pool["metadata"]["name"], str(net.network_address + int(offset)), entry))
+    return out
+
+
+def check_after_add(tenant: kubeup.Tenant, calls: list[Call], pods: dict[int, Pod],
+                    overlapping: bool = True) -> list[str]:
+    """Problems with the objects after an ADD phase ([] when consistent)."""
+    problems: list[str] = []
+    entries = held(tenant)
+    seen: dict[str, str] = {}
+    for pool, ip, _ in entries:
+        if ip in seen:
+            problems.append(f"{ip} held twice ({seen[ip]}, {pool})")
+        seen[ip] = pool
+    ok = [c for c in calls if c.ok]
+    returned = Counter(c.ip for c in ok)
+    problems += [f"{ip} returned to {n} attachments" for ip, n in returned.items() if n > 1]
+    if len(entries) != len(ok):
+        problems.append(f"{len(entries)} pool entries for {len(ok)} successful attachments")
+    by_owner = {(e.get("id"), e.get("ifname")): ip for _, ip, e in entries}
+    for c in ok:
+        got = by_owner.get((pods[c.pod].sandbox, f"net{c.net}"))
+        if got != c.ip:
+            problems.append(f"pod-{c.pod} net{c.net} returned {c.ip}, its pool entry holds {got}")
+    reservations = tenant.reservations()
+    if overlapping:
+        podref = {_normal(ip): e.get("podref") for _, ip, e in entries}
+        for name, ref in podref.items():
+            if name not in reservations:
+                problems.append(f"{name} allocated without a reservation")
+            elif reservations[name].get("podref") != ref:
+                theirs = reservations[name].get("podref")
+                problems.append(f"{name}: reservation for {theirs}, pool entry {ref}")
+        problems += [f"reservation {n} without an allocation" for n in reservations if n not in podref]
+    elif reservations:
+        problems.append(f"{len(reservations)} reservations with overlapping ranges off")
+    return problems
+
+
+def check_after_del(tenant: kubeup.Tenant) -> list[str]:
+    problems = [f"{ip} still held in {pool} by {e.get('podref')}" for pool, ip, e in held(tenant)]
+    problems += [f"reservation {n} left" for n in tenant.reservations()]
+    return problems
+
+
+# ---- figures --------------------------------------------------------------------------------------
+
+
+@dataclass
+class PhaseReport:
+    impl: str
+    mode: str
+    phase: str
+    attachments: int  # the phase's attachments, including those the budget left out
+    done: int  # calls that succeeded
+    attempted: int
+    wall_s: float
+    per_s: float
+    call_p50_ms: float
+    call_p99_ms: float
+    pod_p50_ms: float
+    pod_p99_ms: float
+    api_requests: float  # resource requests (not /metrics and other non-resource paths)
+    api_per_attachment: float
+    api_409: float
+    api_422: float
+    api_other_errors: float
+    api_split: dict[str, float]  # "VERB resource[ code>=400]" -> count
+    api_cpu_s: float
+    failures: int
+    failure_messages: dict[str, int]
+    agent_served: int | None
+    problems: list[str] = field(default_factory=list)
+    load_avg: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
+def measure(server: kubeup.KubeServer) -> tuple[dict[tuple[str, str, str], float], float]:
+    return server.request_counts(), server.cpu_seconds()
+
+
+def report(impl: Impl, wl: Workload, phase: str, calls: list[Call], wall: float, planned: int,
+           before: tuple[dict[tuple[str, str, str], float], float],
+           after: tuple[dict[tuple[str, str, str], float], float], problems: list[str],
+           served: int | None) -> PhaseReport:
+    delta = {k: v - before[0].get(k, 0.0) for k, v in after[0].items() if v - before[0].get(k, 0.0) > 0}
+    resource = {k: v for k, v in delta.items() if k[1]}
+    split: dict[str, float] = {}
+    for (verb, res, code), v in resource.items():
+        key = f"{verb} {res}" + (f" {code}" if code >= "400" else "")
+        split[key] = split.get(key, 0.0) + v
+    total = sum(resource.values())
+    ok = [c for c in calls if c.ok]
+    secs = [c.seconds for c in calls] or [0.0]
+    per_pod: dict[int, list[Call]] = {}
+    for c in calls:
+        per_pod.setdefault(c.pod, []).append(c)
+    full = [max(c.end for c in cs) - min(c.start for c in cs)
+            for cs in per_pod.values() if len(cs) == wl.networks] or [0.0]
+    failures = Counter(c.error for c in calls if not c.ok)
+    return PhaseReport(
+        impl.label, wl.mode, phase, planned, len(ok), len(calls), wall, len(ok) / wall if wall else 0.0,
+        1000 * pct(secs, 50), 1000 * pct(secs, 99), 1000 * pct(full, 50), 1000 * pct(full, 99),
+        total, total / max(1, len(calls)),
+        sum(v for k, v in resource.items() if k[2] == "409"),
+        sum(v for k, v in resource.items() if k[2] == "422"),
+        sum(v for k, v in resource.items() if k[2] >= "400" and k[2] not in ("409", "422", "404")),
+        dict(sorted(split.items(), key=lambda kv: -kv[1])), after[1] - before[1],
+        sum(failures.values()), dict(failures.most_common(10)), served, problems, os.getloadavg(),
+    )
+
+
+def run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, scratch: Path,
+                 prefix: str) -> list[PhaseReport]:
+    """The ADD phase, its check, the DEL phase, its check: two PhaseReports."""
+    impl.setup(tenant, scratch)
+    server = tenant.server
+    pods = {i: Pod(i, tenant.namespace, prefix) for i in range(wl.pods)}
+    out = []
+    before_served = impl.served()
+    before = measure(server)
+    adds, wall = run_phase(impl, wl, "ADD", list(pods.values()))
+    after = measure(server)
+    served = impl.served()
+    problems = check_after_add(tenant, adds, pods)
+    out.append(report(impl, wl, "ADD", adds, wall, wl.attachments, before, after, problems,
+                      served["ADD"] - before_served["ADD"] if served else None))
+    started: dict[int, list[int]] = {}
+    for c in sorted(adds, key=lambda c: c.net):
+        started.setdefault(c.pod, []).append(c.net)
+    before = measure(server)
+    dels, wall = run_phase(impl, wl, "DEL", [pods[i] for i in sorted(started)], started)
+    after = measure(server)
+    served2 = impl.served()
+    problems = check_after_del(tenant)
+    if len(dels) < len(adds):
+        problems.append(f"{len(adds) - len(dels)} attachments not deleted within the budget")
+    out.append(report(impl, wl, "DEL", dels, wall, len(adds), before, after, problems,
+                      served2["DEL"] - served["DEL"] if served2 else None))
+    return out
+
+
+# ---- the implementations ----------------------------------------------------------------------------
+
+
+def write_private(path: Path, text: str) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    return path
+
+
+class Upstream(Impl):
+    label = "upstream"
+
+    def __init__(self) -> None:
+        self.binary = kubeup.unpack("whereabouts") / "whereabouts"
+
+    def setup(self, tenant: kubeup.Tenant, scratch: Path) -> None:
+        super().setup(tenant, scratch)
+        server, ns = tenant.server, tenant.namespace
+        server.service_account(ns, "whereabouts")
+        role = f"whereabouts-cni-{ns}"
+        server.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": role}, "rules": UPSTREAM_RULES})
+        server.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": "whereabouts", "namespace": ns}]})
+        wb = scratch / "whereabouts.d"  # what install-cni.sh writes, with an inline token as it does
+        wb.mkdir(exist_ok=True)
+        kubeconfig = server.kubeconfig(wb / "whereabouts.kubeconfig", ns,
+                                       token=server.token(ns, "whereabouts"))
+        self.flat = write_private(wb / "whereabouts.conf", json.dumps({
+            "datastore": "kubernetes", "configuration_path": str(wb),
+            "kubernetes": {"kubeconfig": str(kubeconfig)}}))
+
+    def argv(self) -> list[str]:
+        return [str(self.binary)]
+
+    def ipam(self, rng: str) -> dict[str, Any]:
+        return {"type": "whereabouts", "range": rng, "configuration_path": str(self.flat)}
+
+
+class Pycni(Impl):
+    """pycni's whereabouts: frozen (`bundle`) or from source, in-process or through per-node agents."""
+
+    def __init__(self, bundle: Path | None, agents: int = 0, scratch: Path | None = None) -> None:
+        self.bundle = bundle
+        self.label = "pycni+agent" if agents else "pycni"
+        self.agents: dict[str, agentutil.Agent] = {}
+        if agents:
+            assert scratch is not None
+            where = scratch / "agents"
+            where.mkdir(parents=True, exist_ok=True)
+            with plugin_dir(bundle):
+                try:
+                    for k in range(agents):
+                        node = f"node-{k}"
+                        self.agents[node] = agentutil.Agent(
+                            where / f"{node}.sock", where / f"{node}.log").start()
+                except BaseException:
+                    self.close()
+                    raise
+
+    def setup(self, tenant: kubeup.Tenant, scratch: Path) -> None:
+        super().setup(tenant, scratch)
+        wb = scratch / "whereabouts.d"
+        wb.mkdir(exist_ok=True)
+        self.flat = write_private(wb / "whereabouts.conf", json.dumps({
+            "datastore": "kubernetes", "kubernetes": {"kubeconfig": str(tenant.node)}}))
+        self.local_db = scratch / "state" / "whereabouts.db"  # never used by this store; not the default
+
+    def argv(self) -> list[str]:
+        if self.bundle is not None:
+            return [str(self.bundle / "whereabouts")]
+        return [sys.executable, "-m", "cni", "whereabouts"]
+
+    def env(self, node: str) -> dict[str, str]:
+        env = super().env(node)
+        if self.bundle is None:
+            env["PYTHONPATH"] = str(REPO)
+        if self.agents:
+            env["PYCNI_AGENT_SOCKET"] = str(self.agents[node].sock)
+        else:
+            env["PYCNI_AGENT"] = "off"
+        return env
+
+    def ipam(self, rng: str) -> dict[str, Any]:
+        return {"type": "whereabouts", "range": rng, "configuration_path": str(self.flat),
+                "local_db": str(self.local_db)}
+
+    def served(self) -> Counter[str]:
+        out: Counter[str] = Counter()
+        for agent in self.agents.values():
+            for line in agent.served("served whereabouts "):
+                out[line.split("served whereabouts ", 1)[1].split()[0]] += 1
+        return out
+
+    def inside_ms(self, command: str, node: str) -> list[float]:
+        """How long `node`'s agent took for each `command` it served, in order (its log: '... in X ms')."""
+        agent = self.agents.get(node)
+        lines = agent.served(f"served whereabouts {command} ") if agent else []
+        return [float(line.rsplit(" in ", 1)[1].split()[0]) for line in lines]
+
+    def close(self) -> None:
+        for agent in self.agents.values():
+            agent.stop()
+        self.agents.clear()
+
+
+@contextmanager
+def plugin_dir(bundle: Path | None) -> Iterator[None]:
+    """PYCNI_PLUGIN_DIR as agentutil reads it: the frozen agent from `bundle`, else from source."""
+    saved = os.environ.pop("PYCNI_PLUGIN_DIR", None)
+    if bundle is not None:
+        os.environ["PYCNI_PLUGIN_DIR"] = str(bundle)
+    try:
+        yield
+    finally:
+        os.environ.pop("PYCNI_PLUGIN_DIR", None)
+        if saved is not None:
+            os.environ["PYCNI_PLUGIN_DIR"] = saved
+
+
+# ---- one uncontended call -------------------------------------------------------------------------
+
+
+def uncontended(impl: Impl, tenant: kubeup.Tenant, scratch: Path, runs: int, prefix: str) -> dict[str, Any]:
+    """`runs` ADDs one after another on node-0 (a process each) into an existing pool, then their DELs:
+    medians. The first ADD (it creates the pool) is not counted."""
+    impl.setup(tenant, scratch)
+    wl = Workload(pods=runs + 1, networks=1, nodes=1, concurrency=1, budget=300.0)
+    conf = {1: json.dumps({"cniVersion": "1.0.0", "name": "bench-single", "type": "macvlan",
+                           "ipam": impl.ipam(SINGLE_RANGE)}).encode()}
+    deadline = time.monotonic() + wl.budget
+    out: dict[str, Any] = {}
+    for command in ("ADD", "DEL"):
+        calls = [one_call(impl, wl, command, Pod(i, tenant.namespace, prefix), 1, conf, deadline)
+                 for i in range(runs + 1) if time.monotonic() < deadline]
+        failed = [c.error for c in calls if not c.ok]
+        times = [c.seconds for c in calls[1:]] or [0.0]
+        out[command] = {"median_ms": 1000 * statistics.median(times), "min_ms": 1000 * min(times),
+                        "runs": len(times), "failed": len(failed), "errors": sorted(set(failed))[:3]}
+        if isinstance(impl, Pycni) and impl.agents:  # the same calls as the agent timed them
+            inside = impl.inside_ms(command, "node-0")[-len(times):] or [0.0]
+            out[command]["agent_median_ms"] = statistics.median(inside)
+    out["left"] = check_after_del(tenant)
+    return out
+
+
+# ---- the report ----------------------------------------------------------------------------------
+
+
+def table(reports: list[PhaseReport]) -> str:
+    base = {(r.mode, r.phase): r for r in reports if r.impl == "upstream"}
+    rows = ["| impl | mode | phase | done/planned | wall s | att/s | vs upstream | call p50/p99 ms "
+            "| pod p50/p99 ms | API req/att | 409 | 422 | API CPU s | failures | agent served | check |",
+            "|" + "---|" * 16]
+    for r in reports:
+        up = base.get((r.mode, r.phase))
+        ratio = f"{r.per_s / up.per_s:.2f}x" if up and up.per_s and r.impl != "upstream" else "-"
+        check = "ok" if not r.problems else f"{len(r.problems)} PROBLEMS"
+        served = "-" if r.agent_served is None else f"{r.agent_served}/{r.attempted}"
+        pods = f"{r.pod_p50_ms:.0f}/{r.pod_p99_ms:.0f}" if r.pod_p99_ms else "- (no pod finished)"
+        rows.append(
+            f"| {r.impl} | {r.mode} | {r.phase} | {r.done}/{r.attachments} | {r.wall_s:.1f} | {r.per_s:.1f} "
+            f"| {ratio} | {r.call_p50_ms:.0f}/{r.call_p99_ms:.0f} | {pods} "
+            f"| {r.api_per_attachment:.1f} | {r.api_409:.0f} | {r.api_422:.0f} | {r.api_cpu_s:.1f} "
+            f"| {r.failures} | {served} | {check} |")
+    return "\n".join(rows)
+
+
+def details(reports: list[PhaseReport]) -> str:
+    lines = []
+    for r in reports:
+        # >= 0.01 per attachment: the server's own requests (its identity Lease every 10 s, its
+        # informers' WATCH restarts) stay in the JSON but out of this line
+        per = ", ".join(f"{k} {v / max(1, r.attempted):.2f}" for k, v in r.api_split.items()
+                        if v / max(1, r.attempted) >= 0.01)
+        lines.append(f"- {r.impl} {r.mode} {r.phase} (load {r.load_avg[0]:.1f}): API per attachment: {per}")
+        lines += [f"  - failure x{n}: {msg}" for msg, n in r.failure_messages.items()]
+        lines += [f"  - check: {p}" for p in r.problems[:10]]
+    return "\n".join(lines)
+
+
+def single_table(singles: dict[str, dict[str, Any]]) -> str:
+    def ms(s: dict[str, Any]) -> str:
+        inside = f" (agent {s['agent_median_ms']:.0f})" if "agent_median_ms" in s else ""
+        return f"{s['median_ms']:.0f}{inside}"
+
+    rows = ["| impl | ADD median ms | DEL median ms | runs | failed | left |", "|---|---|---|---|---|---|"]
+    for label, s in singles.items():
+        rows.append(f"| {label} | {ms(s['ADD'])} | {ms(s['DEL'])} "
+                    f"| {s['ADD']['runs']} | {s['ADD']['failed'] + s['DEL']['failed']} "
+                    f"| {len(s['left']) or 'none'} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pods", type=int, default=64)
+    ap.add_argument("--networks", type=int, default=8)
+    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=4, help="pods a node starts at once")
+    ap.add_argument("--mode", choices=("shared", "per-network", "both"), default="both")
+    ap.add_argument("--impl", action="append", choices=("upstream", "pycni", "pycni+agent"),
+                    help="default: all three")
+    ap.add_argument("--scenario", choices=("313",), help="313: 128 pods x 16 networks, 240 s per phase")
+    ap.add_argument("--budget", type=float, help="seconds per phase (default 600; scenario 313: 240)")
+    ap.add_argument("--single", type=int, default=20, help="uncontended ADDs per implementation (0: none)")
+    ap.add_argument("--source", action="store_true", help="pycni from source, not dist/cni-bin")
+    ap.add_argument("--json", type=Path, default=REPO / "dist" / "bench" / "ipam-scale.json")
+    args = ap.parse_args(argv)
+    if args.scenario == "313":
+        args.pods, args.networks = 128, 16
+    budget = args.budget or (240.0 if args.scenario else 600.0)
+    impls = args.impl or ["upstream", "pycni", "pycni+agent"]
+    modes = ["shared", "per-network"] if args.mode == "both" else [args.mode]
+    reason = kubeup.absent()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 2
+    bundle = None if args.source else BUNDLE
+    if bundle is not None and not (bundle / "whereabouts").exists():
+        print(f"missing {bundle}/whereabouts: run `make bundle` (or pass --source)", file=sys.stderr)
+        return 2
+    if "pycni+agent" in impls and os.geteuid() != 0:
+        print("pycni+agent needs root (the agent serves root only)", file=sys.stderr)
+        return 2
+    before_paths = {p for p in DEFAULT_PATHS if os.path.lexists(p)}
+    load0 = os.getloadavg()
+    print(f"{os.cpu_count()} CPUs, load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
+          f"{args.pods} pods x {args.networks} networks on {args.nodes} nodes, {args.concurrency} at once; "
+          f"budget {budget:.0f} s per phase; pycni {'from source' if bundle is None else bundle}")
+    reports: list[PhaseReport] = []
+    singles: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="pycni-ipam-scale-") as tmp:
+        scratch = Path(tmp)
+        server = kubeup.KubeServer.start(scratch)
+        try:
+            for n, label in enumerate(impls):
+                impl: Impl = Upstream() if label == "upstream" else Pycni(
+                    bundle, args.nodes if label == "pycni+agent" else 0, scratch / label)
+                try:
+                    for mode in modes:
+                        wl = Workload(args.pods, args.networks, args.nodes, args.concurrency, mode, budget)
+                        where = scratch / label / mode
+                        tenant = kubeup.Tenant(server, where / "kube", prefix="scale")
+                        print(f"  {label} {mode} in namespace {tenant.namespace} ...", flush=True)
+                        rs = run_workload(impl, wl, tenant, where, prefix=f"{n:x}{modes.index(mode):x}")
+                        reports += rs
+                        for r in rs:
+                            print(f"    {r.phase}: {r.done}/{r.attachments} in {r.wall_s:.1f} s, "
+                                  f"{r.failures} failed, check {'ok' if not r.problems else r.problems[:3]}",
+                                  flush=True)
+                    if args.single:
+                        where = scratch / label / "single"
+                        tenant = kubeup.Tenant(server, where / "kube", prefix="single")
+                        singles[label] = uncontended(impl, tenant, where, args.single, f"{n:x}f")
+                finally:
+                    impl.close()
+        finally:
+            server.stop()
+    load1 = os.getloadavg()
+    created = sorted(p for p in DEFAULT_PATHS if os.path.lexists(p) and p not in before_paths)
+    print(f"\n## IPAM at scale: {args.pods} pods x {args.networks} networks on {args.nodes} nodes, "
+          f"{args.concurrency} at once (load {load0[0]:.2f} -> {load1[0]:.2f})\n")
+    print(table(reports))
+    print()
+    print(details(reports))
+    if singles:
+        print(f"\n## One uncontended call (a process each, median of {args.single})\n")
+        print(single_table(singles))
+    if created:
+        print(f"\nDEFAULT PATHS APPEARED during the run (a config missed one, or another process on this "
+              f"machine made them): {created}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({
+        "workload": {"pods": args.pods, "networks": args.networks, "nodes": args.nodes,
+                     "concurrency": args.concurrency, "budget_s": budget, "modes": modes,
+                     "pycni": "source" if bundle is None else str(bundle)},
+        "load_avg": {"start": load0, "end": load1}, "cpus": os.cpu_count(),
+        "phases": [asdict(r) for r in reports], "uncontended": singles, "default_paths_created": created,
+    }, indent=1))
+    print(f"\nresult: {args.json}")
+    bad = any(r.problems or r.failures for r in reports) or created
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
