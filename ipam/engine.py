@@ -51,7 +51,7 @@ class Engine:
         s = conf.store
         self.identity = f"{s.datastore}|{s.kubernetes.kubeconfig}|{s.etcd.host}|{s.local_db}"
         cluster = s.datastore in CLUSTER_STORES
-        self.lock_dir = os.path.join(os.path.dirname(s.local_db), "locks") if cluster else ""
+        self.lock_dir = os.path.join(os.path.dirname(s.local_db), "pool-locks") if cluster else ""
 
     def pool_name(self, rng: IPRange) -> str:
         return pool_name(rng.cidr, self.conf.network_name)

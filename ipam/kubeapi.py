@@ -229,12 +229,14 @@ class Client:
         return path + ("?" + urlencode(q) if q else "")
 
     def request(
-        self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None
+        self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
+        content_type: str = "",
     ) -> dict[str, Any]:
         """Send one request; the decoded JSON answer. Raises ApiError or Unreachable. A 401 re-reads the
-        credentials (token file, exec plugin) once and tries again."""
+        credentials (token file, exec plugin) once and tries again. `content_type`: of the body
+        (default application/json; a JSON Patch is application/json-patch+json)."""
         for attempt in (0, 1):
-            status, data = self._send(method, self.target(path, query), body)
+            status, data = self._send(method, self.target(path, query), body, content_type)
             if status == 401 and attempt == 0 and (self.conf.token_file or self.conf.exec is not None):
                 self._authorize()
                 continue
@@ -251,13 +253,13 @@ class Client:
             raise ApiError(status, "BadResponse", f"{method} {path}: expected a JSON object")
         return doc
 
-    def _send(self, method: str, target: str, body: Any) -> tuple[int, bytes]:
+    def _send(self, method: str, target: str, body: Any, content_type: str = "") -> tuple[int, bytes]:
         headers = {"Accept": "application/json", "User-Agent": "pycni-ipam"}
         if self._auth:
             headers["Authorization"] = self._auth
         data = None
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type or "application/json"
             data = body if isinstance(body, bytes) else jsonio.dumps(body)
         try:
             return self.http.request(method, target, data, headers)

@@ -15,7 +15,7 @@ blocks in flock and is woken by the kernel the moment the lock is free, with a t
 counter; other threads (the agent's, where only one thread per pool and process ever waits) poll.
 
 Files: `<dir>/<sha256(store, node, pool)[:32]>.lock`, 0600, created once per pool and left in place (a
-file that is unlinked while others wait on it would split the queue). `dir` is `locks/` beside the
+file that is unlinked while others wait on it would split the queue). `dir` is `pool-locks/` beside the
 local database (`local_db`, default /var/lib/cni/pycni), a node-local directory the agent mounts too.
 The node name is part of the key so that simulated nodes sharing one machine (benchmarks, tests) do not
 queue behind each other."""

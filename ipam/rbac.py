@@ -22,8 +22,8 @@ class Rule:
 
 RULES: dict[str, tuple[Rule, ...]] = {
     NODE: (
-        # read a pool, create it on first use, compare-and-swap it on resourceVersion; list: STATUS
-        Rule(WHEREABOUTS, "ippools", ("get", "list", "create", "update"), namespaced=True),
+        # read a pool, create it on first use, change its entries with a guarded JSON Patch; list: STATUS
+        Rule(WHEREABOUTS, "ippools", ("get", "list", "create", "patch"), namespaced=True),
         # one reservation per address when overlapping ranges are on; update: kubelet re-ADD takes it
         # over; list: GC
         Rule(WHEREABOUTS, "overlappingrangeipreservations", ("get", "list", "create", "update", "delete"),
@@ -31,7 +31,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
     ),
     RECONCILER: (
         # the reconciler and the operator CLI (pools, show, release): page through pools, free entries
-        Rule(WHEREABOUTS, "ippools", ("get", "list", "update"), namespaced=True),
+        Rule(WHEREABOUTS, "ippools", ("get", "list", "patch"), namespaced=True),
         Rule(WHEREABOUTS, "overlappingrangeipreservations", ("get", "list", "delete"), namespaced=True),
         # one GET per pod asked about (ipam.kubepods): no pod list, no watch
         Rule("", "pods", ("get",), namespaced=False),

@@ -33,6 +33,13 @@ on one node) may offer `exclusive() -> ContextManager[None]`: the calls made ins
 unit. The engine then runs each attempt inside it, so writers on one node queue instead of racing.
 Correctness never depends on it (the CAS checks run inside as well); cluster stores do not offer it.
 
+Optional: a store may merge (`merges = True`, the Kubernetes store): `commit_pool` then applies the
+update to the pool as it is when the write arrives, guarded entry by entry instead of by the whole
+version: each entry it adds must still be absent, each it replaces or removes must still name the
+container it named in the snapshot; otherwise Conflict and nothing changes. Writers of different
+entries then never conflict. The engine's decisions only ever rest on the entries they touch (and, with
+overlapping ranges, on the reservations), so both kinds are correct for it.
+
 A store module `ipam/store/<name>.py` exposes `open_store(conf: ipam.config.StoreConfig) -> Store`
 (see ipam.store.select) and joins the contract suite by adding a factory to
 tests/contract/factories.py, and the process-level concurrency suite (200 ADDs, the seeded storm)

@@ -3,15 +3,17 @@ these objects as they are; the etcd store may store the same JSON. Every object 
 upstream schemas in shared/upstream/whereabouts-crds (`IPPool`, `OverlappingRangeIPReservation`).
 
 What the schema cannot hold goes into annotations (unknown spec fields would be pruned):
-- pool: `pycni.io/owners-v2` = JSON `{"<offset>": [stamp, pod_uid, network, node], ...}` (trailing
-  empty strings dropped; offsets with nothing to record left out). `stamp` is `fingerprint()` of the
-  allocation the entry was written for (container id, podref, ifname). Upstream whereabouts never
-  touches annotations, so after it frees an offset and hands it to another pod (or takes an entry over
-  for a re-ADD with a new container id) the entry still describes the old allocation: an entry is
-  attached only to the allocation whose stamp it carries, and entries that match nothing are dropped
-  by our next write of the pool. Kubernetes caps all annotations of an object at 256 KiB, so the
-  encoder stops adding entries at OWNERS_BUDGET bytes: allocations past the budget lose only their
-  pycni extras (the reconciler then compares pod names, GC leaves them alone).
+- pool: one annotation per allocation, `pycni.io/o-<offset>` = JSON `[stamp, pod_uid, network, node]`
+  (trailing empty strings dropped; allocations with nothing to record have none). One annotation per
+  entry, so writers of different entries never touch the same value: the Kubernetes store writes a
+  pool with a JSON Patch of just the entries it changes (ipam.store.kube). `stamp` is `fingerprint()`
+  of the allocation the entry was written for (container id, podref, ifname). Upstream whereabouts
+  never touches annotations, so after it frees an offset and hands it to another pod (or takes an
+  entry over for a re-ADD with a new container id) the entry still describes the old allocation: an
+  entry is attached only to the allocation whose stamp it carries, and our next write of that offset
+  replaces or removes it. Kubernetes caps all annotations of an object at 256 KiB, so entries are
+  only added while the annotations stay within OWNERS_BUDGET bytes: allocations past the budget lose
+  only their pycni extras (the reconciler then compares pod names, GC leaves them alone).
 - the first format, `pycni.io/owners` (`{"<offset>": [pod_uid, network, node]}`, no stamp), cannot
   tell which allocation it was written for, so it is never attached (its allocations read as upstream
   ones) and our next write of the pool removes it. Older pycni nodes during a rolling upgrade do not
@@ -33,7 +35,7 @@ from ipam.store.base import Allocation, Pool, Reservation
 
 GROUP = "whereabouts.cni.cncf.io"
 API_VERSION = f"{GROUP}/v1alpha1"
-OWNERS = "pycni.io/owners-v2"
+OWNER_PREFIX = "pycni.io/o-"  # + offset: one allocation's extras
 LEGACY_OWNERS = "pycni.io/owners"  # the first format: never attached, removed on our next write
 RES_UID, RES_NETWORK, RES_NODE = "pycni.io/pod-uid", "pycni.io/network", "pycni.io/node"
 OWNERS_BUDGET = 200 * 1024
@@ -53,36 +55,44 @@ def owner_entry(a: Allocation) -> list[str] | None:
     return [fingerprint(a), *extras] if extras else None
 
 
-def encode_owners(allocations: Mapping[str, Allocation]) -> str | None:
-    """The pool annotation value, or None when there is nothing to record."""
-    out: dict[str, list[str]] = {}
-    size = 2
+def owner_key(offset: str) -> str:
+    return OWNER_PREFIX + offset
+
+
+def note_size(key: str, value: str) -> int:
+    return len(key) + len(value)
+
+
+def encode_owners(allocations: Mapping[str, Allocation], budget: int = OWNERS_BUDGET) -> dict[str, str]:
+    """The owners annotations of these allocations (lowest offsets first, within `budget` bytes)."""
+    out: dict[str, str] = {}
+    size = 0
     for key in sorted(allocations, key=lambda k: (len(k), k)):
         entry = owner_entry(allocations[key])
         if entry is None:
             continue
-        cost = len(key) + sum(len(x) + 3 for x in entry) + 6
-        if size + cost > OWNERS_BUDGET:
+        note, value = owner_key(key), jsonio.dumps(entry).decode()
+        if size + note_size(note, value) > budget:
             break
-        out[key] = entry
-        size += cost
-    return jsonio.dumps(out).decode() if out else None
+        out[note] = value
+        size += note_size(note, value)
+    return out
 
 
-def decode_owners(text: str | None) -> dict[str, list[str]]:
+def decode_owners(annotations: Mapping[str, Any] | None) -> dict[str, list[str]]:
     """offset -> [stamp, pod_uid, network, node]. Tolerant: an annotation someone mangled costs the
     extras, never the allocations."""
-    if not text:
-        return {}
-    try:
-        raw = jsonio.loads(text, OWNERS)
-    except Exception:
-        return {}
-    if not isinstance(raw, dict):
-        return {}
-    return {
-        k: [*(str(x) for x in v[:4]), "", "", ""][:4] for k, v in raw.items() if isinstance(v, list) and v
-    }
+    out: dict[str, list[str]] = {}
+    for note, text in (annotations or {}).items():
+        if not note.startswith(OWNER_PREFIX) or not isinstance(text, str):
+            continue
+        try:
+            raw = jsonio.loads(text, note)
+        except Exception:
+            continue
+        if isinstance(raw, list) and raw:
+            out[note[len(OWNER_PREFIX):]] = [*(str(x) for x in raw[:4]), "", "", ""][:4]
+    return out
 
 
 def attach(a: Allocation, entry: list[str] | None) -> Allocation:
@@ -98,7 +108,7 @@ def pool_to_object(pool: Pool, namespace: str) -> dict[str, Any]:
         meta["resourceVersion"] = pool.version
     owners = encode_owners(pool.allocations)
     if owners:
-        meta["annotations"] = {OWNERS: owners}
+        meta["annotations"] = owners
     allocations = {
         k: {"id": a.container_id, "podref": a.podref, "ifname": a.ifname} for k, a in pool.allocations.items()
     }
@@ -110,7 +120,7 @@ def pool_from_object(obj: dict[str, Any], version: str | None = None) -> Pool:
     """`version` overrides metadata.resourceVersion (the etcd store uses mod_revision)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
-    owners = decode_owners((meta.get("annotations") or {}).get(OWNERS))
+    owners = decode_owners(meta.get("annotations"))
     allocations = {}
     for key, entry in (spec.get("allocations") or {}).items():
         plain = Allocation(

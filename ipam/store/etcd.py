@@ -8,8 +8,8 @@ send, without namespace and resourceVersion. `version` is the key's mod_revision
 Every write is one txn comparing the key: create = `create_revision == 0`, replace and delete =
 `mod_revision == version`; a failed compare is Conflict and changes nothing. A pool is one object, so
 a commit rewrites it whole: the handle keeps the object it last read and, when the version still
-matches, applies the update to it without reading again. The pool's `pycni.io/owners-v2` annotation
-here holds every allocation's extras (etcd has no 256 KiB annotation cap; its request cap,
+matches, applies the update to it without reading again. The pool's `pycni.io/o-<offset>` annotations
+here hold every allocation's extras (etcd has no 256 KiB annotation cap; its request cap,
 --max-request-bytes, 1.5 MiB by default, bounds a pool to ~8,000 allocations; raise it for more).
 
 Everything the server or the network does wrong is StoreUnavailable (code 11) with etcd's message."""
@@ -209,32 +209,19 @@ def _apply(obj: dict[str, Any], update: PoolUpdate) -> None:
     if not isinstance(allocations, dict):
         allocations = spec["allocations"] = {}
     meta = obj.setdefault("metadata", {})
-    notes = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
-    owners = _owners(notes.get(crd.OWNERS))
+    notes = dict(meta.get("annotations")) if isinstance(meta.get("annotations"), dict) else {}
+    notes.pop(crd.LEGACY_OWNERS, None)
     for key in update.remove:
         allocations.pop(key, None)
-        owners.pop(key, None)
+        notes.pop(crd.owner_key(key), None)
     for key, a in update.put.items():
         allocations[key] = {"id": a.container_id, "podref": a.podref, "ifname": a.ifname}
         entry = crd.owner_entry(a)
         if entry:
-            owners[key] = entry
+            notes[crd.owner_key(key)] = jsonio.dumps(entry).decode()
         else:
-            owners.pop(key, None)
-    notes = {k: v for k, v in notes.items() if k not in (crd.OWNERS, crd.LEGACY_OWNERS)}
-    if owners:
-        notes[crd.OWNERS] = jsonio.dumps(owners).decode()
+            notes.pop(crd.owner_key(key), None)
     if notes:
         meta["annotations"] = notes
     else:
         meta.pop("annotations", None)
-
-
-def _owners(text: Any) -> dict[str, Any]:
-    """The owners annotation as stored, entries carried over unchecked (crd.decode_owners checks each
-    one: a third of a second for 60,000, and every reader checks them anyway)."""
-    try:
-        raw = jsonio.loads(text, crd.OWNERS) if isinstance(text, str) and text else {}
-    except Exception:
-        raw = {}
-    return raw if isinstance(raw, dict) else {}

@@ -19,26 +19,35 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from cni import jsonio
 from cni.errors import CniError, Code
 from ipam import kubeapi, rbac
 from ipam.config import StoreConfig
 from ipam.kubeapi import ApiError, Client, Unreachable
 from ipam.store import crd
-from ipam.store.base import Conflict, Pool, PoolUpdate, Reservation, StoreUnavailable
+from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, StoreUnavailable
 
 VERSION = "v1alpha1"
 POOLS, RESERVATIONS = "ippools", "overlappingrangeipreservations"
+JSON_PATCH = "application/json-patch+json"
+# kept on every pool we create or annotate, so its annotations never become empty (the server drops an
+# empty map, and re-creating it is the one patch that writers of different entries would race on)
+MARKER = {"pycni.io/pool": "owners: pycni.io/o-<offset>"}
+SNAPSHOTS = 8  # pool snapshots a handle keeps for the commits computed from them
+PATCH_TEST_FAILED = "the server rejected our request due to an error in our request"  # 422 of a failed test
 # objects per list request: a pool can be ~1.5 MB (the API server's object limit), a reservation ~1 KB
 PAGES = {"ippools": 20, "overlappingrangeipreservations": 500}
 
 
 class KubeStore:
+    merges = True  # commit_pool: a guarded JSON Patch of the changed entries (ipam.store.base)
     def __init__(self, client: Client, namespace: str, role: str | None = None, page: int = 0) -> None:
         """`page`: objects per list request for every kind (0: PAGES)."""
         self.client, self.namespace, self.page = client, namespace, page
         self.role = role or rbac.acting()
-        # the last object read or written per pool: (pool, metadata) at pool.version
-        self._seen: dict[str, tuple[Pool, dict[str, Any]]] = {}
+        # the pools this handle read or created, by (name, version): (pool, metadata). A commit is
+        # guarded against the snapshot it was computed from, so it needs that snapshot's entries.
+        self._seen: dict[tuple[str, str], tuple[Pool, dict[str, Any]]] = {}
         self._res_meta: dict[str, dict[str, Any]] = {}
 
     # ---- requests ---------------------------------------------------------------------------------
@@ -53,17 +62,18 @@ class KubeStore:
     ) -> dict[str, Any] | None:
         """One API request; None for 404. Conflict for 409; StoreUnavailable when the API cannot serve."""
         rbac.require(self.role, crd.GROUP, resource, verb)
-        method = {"get": "GET", "list": "GET", "create": "POST", "update": "PUT", "delete": "DELETE"}[verb]
+        method = {"get": "GET", "list": "GET", "create": "POST", "update": "PUT", "delete": "DELETE",
+                  "patch": "PATCH"}[verb]
         path = kubeapi.path_of(crd.GROUP, VERSION, self.namespace, resource, "" if verb == "create" else name)
         what = f"{verb} {resource}/{name}" if name else f"{verb} {resource}"
         try:
-            return self.client.request(method, path, body, query)
+            return self.client.request(method, path, body, query, JSON_PATCH if verb == "patch" else "")
         except Unreachable as e:
             raise StoreUnavailable(f"kubernetes: {what}: {e}") from None
         except ApiError as e:
             if e.status == 404:
                 return None
-            if e.status == 409:
+            if e.status == 409 or (verb == "patch" and e.status == 422 and e.message == PATCH_TEST_FAILED):
                 raise Conflict(f"kubernetes: {what}: {e.message or e.reason}") from None
             if e.status in (401, 403, 410, 429) or e.status >= 500:
                 raise StoreUnavailable(f"kubernetes: {what}: {e}") from None
@@ -89,39 +99,48 @@ class KubeStore:
     def get_pool(self, name: str) -> Pool | None:
         obj = self._call("get", POOLS, name)
         if obj is None:
-            self._seen.pop(name, None)
             return None
         pool = crd.pool_from_object(obj)
-        self._seen[name] = (pool, obj.get("metadata") or {})
+        self._keep(pool, obj.get("metadata") or {})
         return pool
+
+    def _keep(self, pool: Pool, meta: dict[str, Any]) -> None:
+        if pool.version is not None:
+            self._seen[(pool.name, pool.version)] = (pool, meta)
+            while len(self._seen) > SNAPSHOTS:
+                del self._seen[next(iter(self._seen))]  # the oldest
 
     def commit_pool(self, pool: Pool, update: PoolUpdate) -> str:
         if pool.version is None:
             new = Pool(pool.name, pool.range, update.apply({}))
-            obj = self._call("create", POOLS, pool.name, crd.pool_to_object(new, self.namespace))
+            body = crd.pool_to_object(new, self.namespace)
+            body["metadata"]["annotations"] = {**MARKER, **(body["metadata"].get("annotations") or {})}
+            obj = self._call("create", POOLS, pool.name, body)
             return self._remember(new, obj, {})
-        seen = self._seen.get(pool.name)
-        if seen is None or seen[0].version != pool.version:
+        seen = self._seen.get((pool.name, pool.version))
+        if seen is None:  # a snapshot another handle read: usable only while it is still current
             current = self.get_pool(pool.name)
             if current is None or current.version != pool.version:
                 raise Conflict(f"kubernetes: pool {pool.name}: changed since version {pool.version}")
-            seen = self._seen[pool.name]
+            seen = self._seen[(pool.name, pool.version)]
         base, meta = seen
-        new = Pool(pool.name, base.range, update.apply(base.allocations), pool.version)
-        body = crd.pool_to_object(new, self.namespace)
-        body["metadata"] = _merged_meta(meta, body["metadata"], (crd.OWNERS, crd.LEGACY_OWNERS))
-        obj = self._call("update", POOLS, pool.name, body)
+        ops = patch_ops(base, meta.get("annotations") or {}, update)
+        if not ops:
+            return str(pool.version)
+        obj = self._call("patch", POOLS, pool.name, ops)
         if obj is None:  # deleted meanwhile
-            self._seen.pop(pool.name, None)
             raise Conflict(f"kubernetes: pool {pool.name}: deleted since version {pool.version}")
-        return self._remember(new, obj, body["metadata"])
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        if not version:
+            raise StoreUnavailable(f"kubernetes: pool {pool.name}: the server returned no resourceVersion")
+        return version
 
     def _remember(self, pool: Pool, obj: dict[str, Any] | None, meta: dict[str, Any]) -> str:
         stored = (obj or {}).get("metadata") or {}
         version = str(stored.get("resourceVersion") or "")
         if not version:
             raise StoreUnavailable(f"kubernetes: pool {pool.name}: the server returned no resourceVersion")
-        self._seen[pool.name] = (Pool(pool.name, pool.range, pool.allocations, version), stored or meta)
+        self._keep(Pool(pool.name, pool.range, pool.allocations, version), stored or meta)
         return version
 
     def iter_pools(self) -> Iterator[Pool]:
@@ -185,6 +204,62 @@ class KubeStore:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _pointer(*parts: str) -> str:
+    """A JSON Pointer (RFC 6901) to /parts..."""
+    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def patch_ops(base: Pool, notes: dict[str, Any], update: PoolUpdate) -> list[dict[str, Any]]:
+    """The JSON Patch (RFC 6902) that applies `update` to the pool as it was read (`base`, its
+    annotations `notes`), guarded entry by entry: a new entry must still be absent, a replaced or
+    removed one must still name the container it named. The server applies it to the pool as it is
+    then, so writers of other entries never conflict with it; a failed guard is 422 (Conflict)."""
+    ops: list[dict[str, Any]] = []
+
+    def guard(key: str, old: Allocation | None) -> dict[str, Any]:
+        if old is None:
+            return {"op": "test", "path": _pointer("spec", "allocations", key), "value": None}
+        return {"op": "test", "path": _pointer("spec", "allocations", key, "id"), "value": old.container_id}
+
+    for key in sorted(update.remove - update.put.keys()):
+        old = base.allocations.get(key)
+        if old is not None:
+            ops += [guard(key, old), {"op": "remove", "path": _pointer("spec", "allocations", key)}]
+    for key, a in update.put.items():
+        old = base.allocations.get(key)
+        entry = {"id": a.container_id, "podref": a.podref, "ifname": a.ifname}
+        change = {"op": "add" if old is None else "replace", "path": _pointer("spec", "allocations", key)}
+        ops += [guard(key, old), {**change, "value": entry}]
+    return ops + _note_ops(notes, update)
+
+
+def _note_ops(notes: dict[str, Any], update: PoolUpdate) -> list[dict[str, Any]]:
+    """The owners annotations of the changed entries (ipam.store.crd), within the budget; the first
+    format's annotation goes."""
+    ops: list[dict[str, Any]] = []
+    gone = [crd.LEGACY_OWNERS] if crd.LEGACY_OWNERS in notes else []
+    gone += [crd.owner_key(k) for k in sorted(update.remove) if crd.owner_key(k) in notes]
+    size = sum(crd.note_size(k, str(v)) for k, v in notes.items() if k not in gone)
+    added: dict[str, str] = {}
+    for key, a in update.put.items():
+        note, entry = crd.owner_key(key), crd.owner_entry(a)
+        if entry is not None:
+            value = jsonio.dumps(entry).decode()
+            if size + crd.note_size(note, value) <= crd.OWNERS_BUDGET:
+                added[note] = value
+                size += crd.note_size(note, value)
+                continue
+        if note in notes and note not in gone:
+            gone.append(note)
+    ops += [{"op": "remove", "path": _pointer("metadata", "annotations", k)} for k in gone if k not in added]
+    if added and not notes:  # a pool without annotations (upstream's): the map, with our marker
+        ops += [{"op": "test", "path": "/metadata/annotations", "value": None},
+                {"op": "add", "path": "/metadata/annotations", "value": MARKER}]  # fmt: skip
+    ops += [{"op": "add", "path": _pointer("metadata", "annotations", k), "value": v}
+            for k, v in added.items()]
+    return ops
 
 
 def _merged_meta(stored: dict[str, Any], ours: dict[str, Any], owned: tuple[str, ...]) -> dict[str, Any]:

@@ -70,6 +70,7 @@ CALL_TIMEOUT = 150.0  # upstream's own ADD limit is 2 min
 # appear. (Not /var/lib/cni/pycni itself: the device plugins' locks live there, and other test runs on a
 # shared machine make it.)
 DEFAULT_PATHS = ("/var/lib/cni/pycni/whereabouts.db", "/var/lib/cni/pycni/whereabouts.db-wal",
+                 "/var/lib/cni/pycni/pool-locks",
                  "/etc/cni/net.d/whereabouts.d", "/run/pycni/agent.sock",
                  "/etc/kubernetes/cni/net.d/whereabouts.d", "/host/etc/cni/net.d/whereabouts.d")
 UPSTREAM_RULES: list[dict[str, Any]] = [  # ClusterRole whereabouts-cni (doc/crds/daemonset-install.yaml)

@@ -91,11 +91,28 @@ def test_create_when_it_exists_conflicts(store: Store) -> None:
     assert pool is not None and dict(pool.allocations) == {"1": A}
 
 
+def merges(store: Store) -> bool:
+    """A store that applies a commit to the pool as it is now, guarded entry by entry (ipam.store.base:
+    `merges`), instead of only to the version it was computed from."""
+    return bool(getattr(store, "merges", False))
+
+
 def test_stale_version_conflicts_and_changes_nothing(store: Store) -> None:
     create(store, put={"1": A})
     snap = store.get_pool("198.51.100.0-24")
     assert snap is not None
     v2 = store.commit_pool(snap, PoolUpdate(put={"2": B}))
+    if merges(store):  # the stale snapshot's change to other entries goes through, merged ...
+        store.commit_pool(snap, PoolUpdate(put={"3": C}, remove=frozenset({"1"})))
+        now = store.get_pool("198.51.100.0-24")
+        assert now is not None and dict(now.allocations) == {"2": B, "3": C}
+        # ... but an entry changed since the snapshot conflicts and nothing of the commit is applied
+        with pytest.raises(Conflict):
+            store.commit_pool(snap, PoolUpdate(put={"2": C, "4": A}))
+        after = store.get_pool("198.51.100.0-24")
+        assert after is not None and after.version == now.version
+        assert dict(after.allocations) == {"2": B, "3": C}
+        return
     with pytest.raises(Conflict):
         store.commit_pool(snap, PoolUpdate(put={"3": C}, remove=frozenset({"1"})))
     now = store.get_pool("198.51.100.0-24")
@@ -144,6 +161,9 @@ def test_versions_never_come_back(store: Store) -> None:
         seen.add(version)
         snap = store.get_pool("198.51.100.0-24")  # type: ignore[assignment]
     assert dict(snap.allocations) == dict(first.allocations)
+    if merges(store):  # guarded per entry: entry 3 is still absent, so it merges, at a new version
+        assert store.commit_pool(first, PoolUpdate(put={"3": C})) not in seen
+        return
     with pytest.raises(Conflict):
         store.commit_pool(first, PoolUpdate(put={"3": C}))
 
@@ -183,15 +203,25 @@ def test_iter_pools_is_lazy_and_complete(store: Store) -> None:
 
 
 def test_concurrent_commits_on_one_snapshot_one_wins(factory: Factory, store: Store) -> None:
+    """Eight writers of one snapshot: a compare-and-swap store lets one win; on a merging store eight
+    writers of different entries all get in."""
     create(store)
     snap = store.get_pool("198.51.100.0-24")
     assert snap is not None
+    if merges(store):  # each writer commits what it read itself: different entries all go in
+        results = race(8, factory, lambda h, i: h.commit_pool(
+            h.get_pool("198.51.100.0-24"), PoolUpdate(put={str(i + 1): A})))  # fmt: skip
+        assert all(isinstance(r, str) for r in results), results
+        now = store.get_pool("198.51.100.0-24")
+        assert now is not None and dict(now.allocations) == {str(i + 1): A for i in range(8)}
+        return
     results = race(8, factory, lambda h, i: h.commit_pool(snap, PoolUpdate(put={str(i + 1): A})))
     wins = [i for i, r in enumerate(results) if isinstance(r, str)]
+    now = store.get_pool("198.51.100.0-24")
+    assert now is not None
     assert len(wins) == 1, results
     assert all(isinstance(r, Conflict) for i, r in enumerate(results) if i not in wins), results
-    now = store.get_pool("198.51.100.0-24")
-    assert now is not None and dict(now.allocations) == {str(wins[0] + 1): A}
+    assert dict(now.allocations) == {str(wins[0] + 1): A}
 
 
 def test_concurrent_creates_one_wins(factory: Factory, store: Store) -> None:

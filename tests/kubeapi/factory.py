@@ -171,10 +171,11 @@ class CountingClient(Client):
         self.sent: list[tuple[str, str]] = []
 
     def request(
-        self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None
+        self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
+        content_type: str = "",
     ) -> dict[str, Any]:
         self.sent.append((method, path))
-        return super().request(method, path, body, query)
+        return super().request(method, path, body, query, content_type)
 
 
 def counting_store(

@@ -63,12 +63,13 @@ def _install(record: Path) -> None:
 
     @functools.wraps(original)
     def request(
-        self: Client, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None
+        self: Client, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
+        content_type: str = "",
     ) -> dict[str, Any]:
         who = account(self)
         allowed = True
         try:
-            return original(self, method, path, body, query)
+            return original(self, method, path, body, query, content_type)
         except ApiError as e:
             allowed = e.status != 403
             raise

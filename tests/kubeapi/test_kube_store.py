@@ -17,7 +17,7 @@ import pytest
 from cni.errors import Code, ConfigError
 from ipam import kubeapi, rbac
 from ipam.kubeapi import ApiError, Client, load_kubeconfig
-from ipam.store import crd
+from ipam.store import crd, kube
 from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, StoreUnavailable
 from ipam.store.kube import KubeStore
 from tests.kubeapi.emulator import Emulator
@@ -265,17 +265,21 @@ def test_injected_409_on_update_is_a_conflict_and_changes_nothing(
         store.close()
 
 
-def test_commit_after_a_foreign_write_rereads_and_conflicts(tenant: Tenant) -> None:
+def test_commit_after_a_foreign_write_merges_other_entries_and_conflicts_on_its_own(tenant: Tenant) -> None:
+    """Pools are written with a guarded JSON Patch of the changed entries: a foreign write of another
+    entry merges; a foreign write of the same entry conflicts and changes nothing."""
     one, two = open_kube(tenant.node), open_kube(tenant.node)
     try:
         create(one, {"1": A})
         snap = one.get_pool(POOL)
         assert snap is not None
         two.commit_pool(snap, PoolUpdate(put={"2": B}))  # two never read it: reads, then writes
+        one.commit_pool(snap, PoolUpdate(put={"3": B}))  # another entry: merged
         with pytest.raises(Conflict):
-            one.commit_pool(snap, PoolUpdate(put={"3": B}))
+            one.commit_pool(snap, PoolUpdate(put={"2": A}))  # entry 2 was absent in snap: taken since
+        one.commit_pool(snap, PoolUpdate(remove=frozenset({"1"}), put={"4": A}))  # 1 still A's: merged
         pool = two.get_pool(POOL)
-        assert pool is not None and pool.allocations == {"1": A, "2": B}
+        assert pool is not None and pool.allocations == {"2": B, "3": B, "4": A}
     finally:
         one.close()
         two.close()
@@ -295,7 +299,7 @@ def test_what_the_store_writes_survives_pruning_unchanged(tenant: Tenant) -> Non
     obj = client.request("GET", f"{pools(tenant)}/{POOL}")
     expected = crd.pool_to_object(Pool(POOL, "198.51.100.0/24", {"1": A, "2": B}), tenant.namespace)
     assert obj["spec"] == expected["spec"]
-    assert obj["metadata"]["annotations"] == expected["metadata"]["annotations"]
+    assert obj["metadata"]["annotations"] == {**kube.MARKER, **expected["metadata"]["annotations"]}
     res = client.request("GET", f"{tenant.path('overlappingrangeipreservations')}/blue-198.51.100.1")
     written = crd.reservation_to_object(Reservation("blue-198.51.100.1", A), tenant.namespace)
     assert res["spec"] == written["spec"]
@@ -347,7 +351,7 @@ def test_owners_annotation_is_dropped_when_nothing_is_left_to_record(tenant: Ten
         store.close()
     client = admin(tenant)
     obj = client.request("GET", f"{pools(tenant)}/{POOL}")
-    assert crd.OWNERS not in (obj["metadata"].get("annotations") or {})
+    assert not crd.decode_owners(obj["metadata"].get("annotations"))
     client.close()
 
 
@@ -413,5 +417,5 @@ def test_legacy_owners_annotation_is_ignored_and_removed_by_our_next_write(tenan
     finally:
         store.close()
     notes = client.request("GET", f"{pools(tenant)}/{POOL}")["metadata"]["annotations"]
-    assert set(notes) == {crd.OWNERS, "note"} and set(crd.decode_owners(notes[crd.OWNERS])) == {"6"}
+    assert set(notes) == {crd.owner_key("6"), "note"} and set(crd.decode_owners(notes)) == {"6"}
     client.close()

@@ -91,7 +91,9 @@ def test_rbac_grants_exactly_what_the_code_declares(sa: str, role: str) -> None:
 
 
 def test_rbac_require_refuses_undeclared_access() -> None:
-    rbac.require(rbac.NODE, rbac.WHEREABOUTS, "ippools", "update")
+    rbac.require(rbac.NODE, rbac.WHEREABOUTS, "ippools", "patch")
+    with pytest.raises(rbac.NotGranted):
+        rbac.require(rbac.NODE, rbac.WHEREABOUTS, "ippools", "update")  # pools are patched, never replaced
     with pytest.raises(rbac.NotGranted):
         rbac.require(rbac.NODE, "", "pods", "list")
 

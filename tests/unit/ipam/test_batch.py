@@ -208,7 +208,7 @@ def test_cluster_store_attempts_hold_the_node_lock(tmp_path: Path) -> None:
     elsewhere makes the call wait (here: past its bound, code 11), and the lock file is beside local_db."""
     backend, writes = Backend(), []
     e = _engine(backend, writes, 0.0, local_db=str(tmp_path / "state" / "ipam.db"))
-    lock = nodelock.path_for(str(tmp_path / "state" / "locks"), e.identity, "node1", "198.51.100.0-24")
+    lock = nodelock.path_for(str(tmp_path / "state" / "pool-locks"), e.identity, "node1", "198.51.100.0-24")
     e.add(A)
     assert os.path.exists(lock)
     with nodelock.held(lock):
@@ -236,7 +236,7 @@ def test_a_race_lost_to_another_writer_heats_the_pool_and_the_next_call_spreads(
     e2.retry = type(e2.retry)(rand=lambda: picks.append(1) or 0.99)
     owner_b = Allocation("cb", "ns/b", "net1", "", "n", "node2")
     assert e2.add(owner_b)[0][1] == 3 and picks == []  # lowest free after the racer's; no spread yet
-    lock = nodelock.path_for(str(tmp_path / "n2" / "locks"), e2.identity, "node2", "198.51.100.0-24")
+    lock = nodelock.path_for(str(tmp_path / "n2" / "pool-locks"), e2.identity, "node2", "198.51.100.0-24")
     with nodelock.held(lock) as held:
         assert held is not None and held.hot()
     got = e2.add(Allocation("cc", "ns/c", "net1", "", "n", "node2"))[0][1]

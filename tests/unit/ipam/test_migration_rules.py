@@ -154,7 +154,7 @@ def test_entries_that_match_nothing_are_dropped_by_our_next_write() -> None:
     obj = crd.pool_to_object(
         Pool(pool.name, pool.range, PoolUpdate(put={"2": fresh}).apply(pool.allocations)), "ns"
     )
-    assert set(crd.decode_owners(obj["metadata"]["annotations"][crd.OWNERS])) == {"2"}
+    assert set(crd.decode_owners(obj["metadata"]["annotations"])) == {"2"}
 
 
 def test_legacy_owners_annotation_is_never_attached() -> None:
@@ -172,8 +172,8 @@ def test_legacy_owners_annotation_is_never_attached() -> None:
 
 def test_mangled_stamps_cost_only_the_extras() -> None:
     obj = ours_then({"id": "ca", "podref": "ns/a", "ifname": "net1"})
-    for bad in ('{"1":[]}', '{"1":"x"}', '{"1":[1,2,3,4,5]}', "[]"):
-        obj["metadata"]["annotations"][crd.OWNERS] = bad
+    for bad in ("[]", '"x"', "[1,2,3,4,5]", "{", '{"1": []}'):
+        obj["metadata"]["annotations"][crd.owner_key("1")] = bad
         assert crd.pool_from_object(obj).allocations["1"] == Allocation("ca", "ns/a", "net1")
 
 
@@ -183,7 +183,7 @@ def test_etcd_store_writes_stamped_entries_and_drops_the_legacy_annotation() -> 
         "spec": {"range": "198.51.100.0/24", "allocations": {}},
     }
     etcd._apply(obj, PoolUpdate(put={"1": OURS}))
-    assert set(obj["metadata"]["annotations"]) == {crd.OWNERS, "note"}
+    assert set(obj["metadata"]["annotations"]) == {crd.owner_key("1"), "note"}
     assert crd.pool_from_object(obj).allocations["1"] == OURS
 
 
