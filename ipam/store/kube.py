@@ -3,11 +3,12 @@
 them (ipam.store.names) and shaped by ipam.store.crd, so a cluster running whereabouts switches
 without losing an allocation (and back).
 
-Compare-and-swap is resourceVersion: a pool is written with PUT carrying the version it was computed
-from (409 -> Conflict), created with POST (409 AlreadyExists -> Conflict); a reservation is deleted
-with a resourceVersion precondition. A PUT replaces the whole object, so the store applies the update
-to the object it last read at that version (kept from `get_pool`, else read again) and keeps what
-others put in its metadata (labels, foreign annotations, owner references).
+A pool is created with POST (409 AlreadyExists -> Conflict) and changed with a JSON Patch of the
+entries an update touches, guarded per entry against the snapshot the update was computed from (kept
+per version from `get_pool`, else read again): the store `merges` (ipam.store.base), so writers of
+different entries never conflict and everything else in the object (labels, foreign annotations,
+owner references) is never rewritten. A failed guard is 422 -> Conflict. Reservations are
+compare-and-swap on resourceVersion (PUT; DELETE with a precondition).
 
 Errors: no answer, a timeout, 401/403 (after one re-read of the token file), 429 and 5xx are
 StoreUnavailable (code 11); 404 is "absent". Lists page with `limit`/`continue`. Every request is
