@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from cni.errors import TryAgainError
 from cni.types.record import field, record
-from ipam.store.base import Conflict, StoreUnavailable
+from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
 
 
 @record
@@ -52,6 +52,10 @@ def retrying[T](policy: Retry, what: str, attempt: Callable[[], T]) -> T:
                 raise TryAgainError(
                     f"{what}: gave up after {conflicts} conflicting writes in {policy.limit:g}s"
                 ) from None
+        except StoreBusy:
+            conflicts += 1
+            if clock() - start > policy.deadline:
+                raise
         except StoreUnavailable:
             down_since = clock() if down_since is None else down_since
             if clock() - down_since >= policy.outage or clock() - start > policy.deadline:

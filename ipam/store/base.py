@@ -142,6 +142,11 @@ class StoreUnavailable(TryAgainError):
     """The store cannot be reached (network, permissions, disk): CNI code 11, try again later."""
 
 
+class StoreBusy(StoreUnavailable):
+    """The store answered but is overloaded (an API server's 429, or its 504 for a request it could not
+    finish in time): retried for the retry deadline, not only the short outage grace."""
+
+
 class Conflict(CniError):
     """Compare-and-swap failed: the object changed since it was read, or exists on create. The engine
     retries; if it escapes it still means "try again" (code 11)."""

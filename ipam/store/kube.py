@@ -26,7 +26,15 @@ from ipam import kubeapi, rbac
 from ipam.config import StoreConfig
 from ipam.kubeapi import ApiError, Client, Unreachable
 from ipam.store import crd
-from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, StoreUnavailable
+from ipam.store.base import (
+    Allocation,
+    Conflict,
+    Pool,
+    PoolUpdate,
+    Reservation,
+    StoreBusy,
+    StoreUnavailable,
+)
 
 VERSION = "v1alpha1"
 POOLS, RESERVATIONS = "ippools", "overlappingrangeipreservations"
@@ -76,7 +84,9 @@ class KubeStore:
                 return None
             if e.status == 409 or (verb == "patch" and e.status == 422 and e.message == PATCH_TEST_FAILED):
                 raise Conflict(f"kubernetes: {what}: {e.message or e.reason}") from None
-            if e.status in (401, 403, 410, 429) or e.status >= 500:
+            if e.status in (429, 504):
+                raise StoreBusy(f"kubernetes: {what}: {e}") from None
+            if e.status in (401, 403, 410) or e.status >= 500:
                 raise StoreUnavailable(f"kubernetes: {what}: {e}") from None
             code = Code.INVALID_CONFIG if "metadata.name" in e.message else Code.INTERNAL
             raise CniError(f"kubernetes: {what} rejected: {e}", code=code) from None

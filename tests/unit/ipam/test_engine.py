@@ -10,7 +10,15 @@ import pytest
 from cni.errors import CheckError, CniError, Code, ExhaustedError, TryAgainError
 from ipam.config import from_dict
 from ipam.engine import Engine, Retry
-from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, StoreUnavailable
+from ipam.store.base import (
+    Allocation,
+    Conflict,
+    Pool,
+    PoolUpdate,
+    Reservation,
+    StoreBusy,
+    StoreUnavailable,
+)
 from ipam.store.memory import Backend, MemoryStore
 
 A = Allocation("ca", "ns/a", "net1", "uid-a", "netA", "node1")
@@ -120,6 +128,31 @@ def test_unreachable_store_is_code_11(op: str) -> None:
     assert err.value.code == Code.TRY_AGAIN_LATER
     if op != "check":
         assert clock.now >= Retry().outage and clock.now < Retry().outage + 1  # retried briefly, then 11
+
+
+class Busy(MemoryStore):
+    """An overloaded store: every pool read answers StoreBusy for the first `n` seconds of the clock."""
+
+    def __init__(self, backend: Backend, clock: Clock, until: float) -> None:
+        super().__init__(backend)
+        self.clock, self.until = clock, until
+
+    def get_pool(self, name: str) -> Pool | None:
+        if self.clock.now < self.until:
+            raise StoreBusy("kubernetes: get ippools: 504 Timeout")
+        return super().get_pool(name)
+
+
+def test_a_busy_store_is_retried_past_the_outage_grace_within_the_deadline() -> None:
+    clock = Clock()
+    e = make(store=Busy(Backend(), clock, until=Retry().outage * 3), clock=clock)
+    assert addrs(e.add(A)) == ["198.51.100.1"]  # still busy after the outage grace: retried, then done
+    assert clock.now >= Retry().outage * 3
+    clock2 = Clock()
+    never = make(store=Busy(Backend(), clock2, until=1e9), clock=clock2)
+    with pytest.raises(StoreBusy):
+        never.add(A)
+    assert Retry().deadline <= clock2.now < Retry().deadline + 2  # bounded by the deadline: code 11
 
 
 class Flaky(MemoryStore):
