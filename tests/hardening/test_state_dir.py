@@ -123,7 +123,8 @@ def test_full_state_dir(tmp_path: Path, when: str) -> None:
         conf = base_conf("full", {"local_db": str(db)}, tmp_path, range="198.18.8.0/22")
         atts = [Att(f"full-{i:03d}", "net1", f"ns/p{i}") for i in range(40)]
         if when == "busy-store":
-            assert all(rc == 0 for rc, _, _ in spawn_all((a.env("ADD"), conf) for a in atts[:20]))
+            results = spawn_all((a.env("ADD"), conf) for a in atts[:20])
+            assert all(rc == 0 for rc, _, _ in results), [r for r in results if r[0] != 0][:3]
         filler = fill(state)
         failed = 0
         for att in atts[20:39]:  # a store whose file cannot grow: every failure must be a clean one
