@@ -111,11 +111,14 @@ def allocate(
     prefer: Sequence[int] = (),
     spread: int = 1,
     pick: Callable[[int], int] = random.randrange,
+    start: int | None = None,
 ) -> Decision:
     """The owner's address in this pool. `blocked`: offsets held elsewhere (overlapping ranges).
-    Under contention (ipam.engine): `prefer` offsets this call already reserved, if still free; and
+    Under contention (ipam.engine): `prefer` offsets this call already reserved, if still free;
     `spread` > 1 picks at random among the lowest `spread` free offsets instead of the lowest, so
-    racers that lost a candidate stop colliding on the next one."""
+    racers that lost a candidate stop colliding on the next one; `start` (a pool other nodes write at
+    the same time) takes the lowest free offset at or after `start`, wrapping around, so writers that
+    start at different points of the range do not collide at all."""
     view = SnapshotView(pool) if isinstance(pool, Pool) else pool
     mine = view.owned(owner)
     if mine:
@@ -136,8 +139,10 @@ def allocate(
         free = want not in blocked and view.lowest_free([(want, want)], blocked) == want
         if free and _inside(segments, want):
             return Decision(want, "new", PoolUpdate(put={str(want): owner}))
-    offset = view.lowest_free(segments, blocked)
-    if offset is not None and spread > 1:
+    offset = None if start is None else view.lowest_free(_after(segments, start - 1), blocked)
+    if offset is None:
+        offset = view.lowest_free(segments, blocked)
+    if offset is not None and spread > 1 and start is None:
         candidates = [offset]
         while len(candidates) < spread:
             nxt = view.lowest_free(_after(segments, candidates[-1]), blocked)
@@ -151,6 +156,17 @@ def allocate(
             f"{view.count()} of {rng.size} allocated in pool {view.name}",
         )
     return Decision(offset, "new", PoolUpdate(put={str(offset): owner}))
+
+
+def scatter(segments: Sequence[Segment], point: float) -> int:
+    """The offset at fraction `point` (0 <= point < 1) of the segments' addresses taken together."""
+    total = sum(hi - lo + 1 for lo, hi in segments)
+    left = min(int(point * total), total - 1)
+    for lo, hi in segments:
+        if left <= hi - lo:
+            return lo + left
+        left -= hi - lo + 1
+    return segments[0][0] if segments else 0
 
 
 def _inside(segments: Sequence[Segment], offset: int) -> bool:

@@ -36,7 +36,7 @@ from ipam.store.base import (
 from ipam.store.names import pool_name, reservation_address, reservation_name
 
 SPREAD_MAX = 32  # after lost races, pick among at most this many of the lowest free addresses
-HOT_SECONDS = 2.0  # after a race lost to another node, this node's calls spread at once for this long
+HOT_SECONDS = 10.0  # after a race lost to another node, this node's calls scatter at once for this long
 CLUSTER_STORES = ("kubernetes", "etcd")
 
 
@@ -80,8 +80,8 @@ class Engine:
             )
         return view
 
-    def _commit(self, view: PoolView, update: PoolUpdate) -> None:
-        self.store.commit_pool(Pool(view.name, view.range, {}, view.version), update)
+    def _commit(self, view: PoolView, update: PoolUpdate) -> str:
+        return self.store.commit_pool(Pool(view.name, view.range, {}, view.version), update)
 
     def _atomic(
         self, pool: str = "", node: str = ""
@@ -117,41 +117,75 @@ class Engine:
         turn against the pool plus the decisions before it, then one write. A Conflict on the write
         leaves every op pending (the retry reads the pool again; reservations already made are kept).
 
-        On a pool other nodes write too (`hot`), the reservations a pass created took round trips during
-        which the pool may have moved on: the pool is read again and the batch decided again on it (each
-        op keeps the address it reserved, no request), so the write follows its read at once instead of
-        losing the compare-and-swap to whoever wrote meanwhile."""
+        A batch of DELs starts from the node lock's snapshot when the previous holder on this node left
+        one (ipam.nodelock.Held: the store's answer to its write), else from the store. A snapshot may
+        lack the latest writes of others: a DEL that finds nothing in it looks at the stored pool
+        before saying so, and a removal that no longer fits is a Conflict like any other.
+
+        On a pool other nodes write too (`hot`) and a store that checks whole versions (not `merges`),
+        the reservations a pass created took round trips during which the pool may have moved on: the
+        pool is read again and the batch decided again on it (each op keeps the address it reserved, no
+        request), so the write follows its read at once instead of losing the compare-and-swap to
+        whoever wrote meanwhile. A merging store guards entry by entry: no need."""
         pending = [op for op in ops if not op.done]
         if not pending:
             return
+        rng = pending[0].rng
         with self._atomic(name, pending[0].owner.node) as lock:
-            hot = lock is not None and lock.hot()
+            hot = None if lock is None else lock.hot()
             lost = sum(op.claims.lost for op in pending)
-            view = self._view(pending[0].rng)
+            # the node's snapshot only for DELs (an entry missing from it is looked up in the stored
+            # pool, a removal is guarded by the store): an ADD must see every entry of its pod, also
+            # one written outside this node's lock (upstream whereabouts during a migration)
+            usable = all(op.kind == "del" for op in pending)
+            view = self._kept_view(rng, lock) if usable else None
+            cached = view is not None
+            view = view or self._view(rng)
             changes, decided, claimed = self._decide_all(view, pending, hot)
-            if hot and claimed:
-                again = self._view(pending[0].rng)
+            if cached and any(op.kind == "del" and not op.freed for op in decided):
+                view = self._view(rng)  # not in the snapshot: is it in the pool as stored?
+                changes, decided, _ = self._decide_all(view, [op for op in pending if not op.done], hot)
+            elif hot and claimed and not getattr(self.store, "merges", False):
+                again = self._view(rng)
                 if again.version != view.version:
                     view = again
                     changes, decided, _ = self._decide_all(view, [op for op in pending if not op.done], hot)
             if lock is not None and sum(op.claims.lost for op in pending) > lost:
                 lock.heat(HOT_SECONDS)  # races lost to other nodes: the next calls here spread at once
+            version = view.version
             update = changes.update()
             if update and (view.version is not None or update.put):
                 try:
-                    self._commit(view, update)
+                    version = self._commit(view, update)
                 except Conflict:
                     if lock is not None:
                         lock.heat(HOT_SECONDS)  # another node wrote this pool meanwhile
                     raise
                 faults.point("store-commit")  # tests: inside the store transaction, before it ends
+            self._keep_view(lock, name, version)
         for op in decided:
             op.done = True
             if op.kind == "add":
                 log.debug("%s %s: %s (%s)", op.owner.container_id, op.owner.ifname,
                           op.rng.address(op.offsets[0]), name)  # fmt: skip
 
-    def _decide_all(self, view: PoolView, pending: list[Op], hot: bool) -> tuple[BatchView, list[Op], bool]:
+    def _kept_view(self, rng: IPRange, lock: nodelock.Held | None) -> PoolView | None:
+        """The pool as the previous writer on this node left it (see _step), if usable."""
+        restore = getattr(self.store, "restore", None)
+        data = lock.load() if lock is not None and restore is not None else None
+        pool = restore(data) if data is not None and restore is not None else None
+        if not isinstance(pool, Pool) or not _same_network(pool.range, rng):
+            return None
+        return SnapshotView(pool)
+
+    def _keep_view(self, lock: nodelock.Held | None, name: str, version: str | None) -> None:
+        snapshot = getattr(self.store, "snapshot", None)
+        if lock is not None and snapshot is not None and version is not None:
+            lock.save(snapshot(name, version))
+
+    def _decide_all(
+        self, view: PoolView, pending: list[Op], hot: bool | None
+    ) -> tuple[BatchView, list[Op], bool]:
         """Decide every op on `view`: (the changes, the ops decided, whether any reservation was created
         on the way). An op's own failure is final for it."""
         changes = BatchView(view)
@@ -173,15 +207,20 @@ class Engine:
             decided.append(op)
         return changes, decided, sum(len(op.claims.created) for op in pending) > created
 
-    def _decide_add(self, op: Op, changes: BatchView, hot: bool = False) -> None:
+    def _decide_add(self, op: Op, changes: BatchView, hot: bool | None = None) -> None:
         # stores that serialise writers (exclusive()) never lose races: no spread there; a pool other
-        # nodes are racing on (`hot`): spread from the first candidate
+        # nodes are racing on (`hot`): each candidate is the lowest free address after a random point
+        # of the range, so the nodes' writers stop meeting on the same few lowest addresses
         serial = getattr(self.store, "exclusive", None) is not None
         while True:
-            width = 1 if serial else SPREAD_MAX if hot else spread(op.claims)
+            scatter = not serial and hot is not None and (hot or op.claims.lost > 0)
+            width = 1 if serial or scatter else spread(op.claims)
+            start = None
+            if scatter:
+                start = allocator.scatter(allocator.segments_as_offsets(op.rng), self.retry.rand())
             decision = allocator.allocate(
                 op.rng, changes, op.owner, frozenset(op.claims.blocked), sorted(op.claims.mine.values()),
-                width, pick=lambda n: int(self.retry.rand() * n),
+                width, pick=lambda n: int(self.retry.rand() * n), start=start,
             )  # fmt: skip
             if op.overlapping:
                 lost = op.claims.lost
@@ -346,6 +385,15 @@ class Engine:
             return [int(k) for k in remove if k.isdigit()]
 
     def _unclaim(self, name: str, doomed: Callable[[Allocation], bool]) -> None:
+        known = getattr(self.store, "known_reservation", None)
+        res = known(name) if known is not None else None
+        if res is not None and doomed(res.owner):
+            try:  # as this process last wrote or read it: deleted if it is still that version
+                self.store.delete_reservation(res)
+                return
+            except Conflict:
+                pass  # changed since: judged on the stored one
+
         def attempt() -> None:
             with self._atomic():
                 res = self.store.get_reservation(name)

@@ -42,6 +42,10 @@ class _NoProgress(Exception):
     pass
 
 
+def _private(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
 def path_for(directory: str, identity: str, node: str, pool: str) -> str:
     digest = hashlib.sha256("\0".join((identity, node, pool)).encode()).hexdigest()[:32]
     return os.path.join(directory, f"{digest}.lock")
@@ -55,10 +59,17 @@ class Held:
     """The lock while it is held. Besides the progress counter (bytes 0-8) the file keeps how long
     writers of this pool on this node should expect contention (bytes 8-16, a wall-clock deadline in
     milliseconds): a call that lost a race to another node says so, and the calls after it on this
-    node spread their candidates at once instead of each losing the same races again."""
+    node spread their candidates at once instead of each losing the same races again.
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
+    Beside the lock, `<lock>.snap` keeps the pool as the last holder's write left it (the store's
+    answer to that write), stamped with that holder's counter value. The next holder can start from
+    it instead of reading the pool again, if no one else held the lock in between (the counter moved
+    by exactly one): then every write this node made to the pool is in the snapshot. Writes of other
+    nodes may be missing; a commit computed from it that no longer fits fails the store's guard
+    (Conflict), and the retry reads the pool."""
+
+    def __init__(self, fd: int, path: str = "", count: int = 0) -> None:
+        self.fd, self.path, self.count = fd, path, count
 
     def hot(self) -> bool:
         until = int.from_bytes(os.pread(self.fd, 8, 8).ljust(8, b"\0"), "little")
@@ -66,6 +77,31 @@ class Held:
 
     def heat(self, seconds: float) -> None:
         os.pwrite(self.fd, int((time.time() + seconds) * 1000).to_bytes(8, "little"), 8)
+
+    def load(self) -> bytes | None:
+        """The previous holder's snapshot, if it was the previous holder (else None)."""
+        try:
+            with open(self.path + ".snap", "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        if len(data) < 8 or int.from_bytes(data[:8], "little") != (self.count - 1) % 2**63:
+            return None
+        return data[8:]
+
+    def save(self, snapshot: bytes | None) -> None:
+        """Leave `snapshot` (None: nothing, and any older one no longer counts) for the next holder."""
+        if snapshot is None:
+            return  # the counter already moved past the old snapshot's stamp
+        tmp = f"{self.path}.snap.{os.getpid()}.{threading.get_ident()}"
+        try:
+            with open(tmp, "wb", opener=_private) as out:
+                out.write(self.count.to_bytes(8, "little") + snapshot)
+            os.replace(tmp, self.path + ".snap")
+        except OSError as e:
+            log.debug("pool snapshot %s not kept: %s", self.path, e.strerror)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 @contextlib.contextmanager
@@ -88,8 +124,9 @@ def held(path: str, patience: float = PATIENCE, limit: float = LIMIT) -> Iterato
             raise TryAgainError(
                 f"node lock {path}: held elsewhere without progress for {patience:g}s"
             ) from None
-        os.pwrite(fd, ((_counter(fd) + 1) % 2**63).to_bytes(8, "little"), 0)
-        yield Held(fd)
+        count = (_counter(fd) + 1) % 2**63
+        os.pwrite(fd, count.to_bytes(8, "little"), 0)
+        yield Held(fd, path, count)
     finally:
         os.close(fd)  # releases the lock
 

@@ -17,6 +17,8 @@ do not grant fails in tests, not in a cluster."""
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,8 +58,9 @@ class KubeStore:
         self.role = role or rbac.acting()
         # the pools this handle read or created, by (name, version): (pool, metadata). A commit is
         # guarded against the snapshot it was computed from, so it needs that snapshot's entries.
-        self._seen: dict[tuple[str, str], tuple[Pool, dict[str, Any]]] = {}
+        self._seen: dict[tuple[str, str], tuple[Pool, dict[str, Any]]] = {}  # -> (pool, object)
         self._res_meta: dict[str, dict[str, Any]] = {}
+        self._scope = (str(getattr(getattr(client, "conf", None), "server", "")), namespace)
 
     # ---- requests ---------------------------------------------------------------------------------
 
@@ -111,48 +114,63 @@ class KubeStore:
         obj = self._call("get", POOLS, name)
         if obj is None:
             return None
-        pool = crd.pool_from_object(obj)
-        self._keep(pool, obj.get("metadata") or {})
-        return pool
+        return self._keep(obj)
 
-    def _keep(self, pool: Pool, meta: dict[str, Any]) -> None:
+    def _keep(self, obj: dict[str, Any]) -> Pool:
+        """Remember a pool object as read or as returned by a write: the snapshot commits are guarded
+        against, and the one `snapshot()` hands out."""
+        pool = crd.pool_from_object(obj)
         if pool.version is not None:
-            self._seen[(pool.name, pool.version)] = (pool, meta)
+            self._seen[(pool.name, pool.version)] = (pool, obj)
             while len(self._seen) > SNAPSHOTS:
                 del self._seen[next(iter(self._seen))]  # the oldest
+        return pool
+
+    def snapshot(self, name: str, version: str) -> bytes | None:
+        """Pool `name` at `version` as this handle read or wrote it, serialised for `restore()` (the
+        engine keeps the latest one per node beside the node lock: ipam.nodelock)."""
+        seen = self._seen.get((name, version))
+        return None if seen is None else jsonio.dumps(seen[1])
+
+    def restore(self, data: bytes) -> Pool | None:
+        """A pool from `snapshot()` (possibly another process'): None when unreadable. Commits can be
+        computed from it; a commit that no longer fits the pool as stored is a Conflict as usual."""
+        try:
+            obj = jsonio.loads(data, "pool snapshot")
+        except Exception:
+            return None
+        if not isinstance(obj, dict) or obj.get("kind") != "IPPool":
+            return None
+        pool = self._keep(obj)
+        return pool if pool.version is not None else None
 
     def commit_pool(self, pool: Pool, update: PoolUpdate) -> str:
         if pool.version is None:
             new = Pool(pool.name, pool.range, update.apply({}))
             body = crd.pool_to_object(new, self.namespace)
             body["metadata"]["annotations"] = {**MARKER, **(body["metadata"].get("annotations") or {})}
-            obj = self._call("create", POOLS, pool.name, body)
-            return self._remember(new, obj, {})
+            return self._written(pool.name, self._call("create", POOLS, pool.name, body))
         seen = self._seen.get((pool.name, pool.version))
         if seen is None:  # a snapshot another handle read: usable only while it is still current
             current = self.get_pool(pool.name)
             if current is None or current.version != pool.version:
                 raise Conflict(f"kubernetes: pool {pool.name}: changed since version {pool.version}")
             seen = self._seen[(pool.name, pool.version)]
-        base, meta = seen
-        ops = patch_ops(base, meta.get("annotations") or {}, update)
+        base, obj = seen
+        ops = patch_ops(base, (obj.get("metadata") or {}).get("annotations") or {}, update)
         if not ops:
             return str(pool.version)
-        obj = self._call("patch", POOLS, pool.name, ops)
-        if obj is None:  # deleted meanwhile
+        written = self._call("patch", POOLS, pool.name, ops)
+        if written is None:  # deleted meanwhile
             raise Conflict(f"kubernetes: pool {pool.name}: deleted since version {pool.version}")
-        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-        if not version:
-            raise StoreUnavailable(f"kubernetes: pool {pool.name}: the server returned no resourceVersion")
-        return version
+        return self._written(pool.name, written)
 
-    def _remember(self, pool: Pool, obj: dict[str, Any] | None, meta: dict[str, Any]) -> str:
-        stored = (obj or {}).get("metadata") or {}
-        version = str(stored.get("resourceVersion") or "")
+    def _written(self, name: str, obj: dict[str, Any] | None) -> str:
+        """The version of the pool object a create or patch returned (kept as a snapshot)."""
+        version = self._keep(obj).version if obj is not None else None
         if not version:
-            raise StoreUnavailable(f"kubernetes: pool {pool.name}: the server returned no resourceVersion")
-        self._keep(Pool(pool.name, pool.range, pool.allocations, version), stored or meta)
-        return version
+            raise StoreUnavailable(f"kubernetes: pool {name}: the server returned no resourceVersion")
+        return str(version)
 
     def iter_pools(self) -> Iterator[Pool]:
         for obj in self._list(POOLS):
@@ -164,9 +182,17 @@ class KubeStore:
         obj = self._call("get", RESERVATIONS, name)
         if obj is None:
             self._res_meta.pop(name, None)
+            _Known.forget((*self._scope, name))
             return None
         self._res_meta[name] = obj.get("metadata") or {}
-        return crd.reservation_from_object(obj)
+        res = crd.reservation_from_object(obj)
+        _Known.remember((*self._scope, name), res)
+        return res
+
+    def known_reservation(self, name: str) -> Reservation | None:
+        """Reservation `name` as this process last wrote or read it (not a request; possibly stale: a
+        delete with its version then fails as a Conflict)."""
+        return _Known.get((*self._scope, name))
 
     def put_reservation(self, res: Reservation) -> str:
         body = crd.reservation_to_object(res, self.namespace)
@@ -188,6 +214,7 @@ class KubeStore:
                 f"kubernetes: reservation {res.name}: the server returned no resourceVersion"
             )
         self._res_meta[res.name] = meta
+        _Known.remember((*self._scope, res.name), Reservation(res.name, res.owner, version))
         return version
 
     def delete_reservation(self, res: Reservation) -> None:
@@ -200,7 +227,10 @@ class KubeStore:
             "kind": "DeleteOptions",
             "preconditions": {"resourceVersion": res.version},
         }
-        self._call("delete", RESERVATIONS, res.name, options)  # 404: already gone, success
+        try:
+            self._call("delete", RESERVATIONS, res.name, options)  # 404: already gone, success
+        finally:
+            _Known.forget((*self._scope, res.name))
         self._res_meta.pop(res.name, None)
 
     def iter_reservations(self) -> Iterator[Reservation]:
@@ -215,6 +245,35 @@ class KubeStore:
 
     def close(self) -> None:
         self.client.close()
+
+
+class _Known:
+    """Reservations as this process last wrote or read them, per (server, namespace, name). In the agent
+    an attachment's ADD and DEL run in one process: the DEL deletes the reservation with the version it
+    knows (a precondition) instead of reading it first. Bounded (least recently used goes); an entry
+    that went stale costs one Conflict and the read it saved."""
+
+    LIMIT = 65536
+    lock = threading.Lock()
+    entries: OrderedDict[tuple[str, str, str], Reservation] = OrderedDict()
+
+    @classmethod
+    def remember(cls, key: tuple[str, str, str], res: Reservation) -> None:
+        with cls.lock:
+            cls.entries[key] = res
+            cls.entries.move_to_end(key)
+            while len(cls.entries) > cls.LIMIT:
+                cls.entries.popitem(last=False)
+
+    @classmethod
+    def forget(cls, key: tuple[str, str, str]) -> None:
+        with cls.lock:
+            cls.entries.pop(key, None)
+
+    @classmethod
+    def get(cls, key: tuple[str, str, str]) -> Reservation | None:
+        with cls.lock:
+            return cls.entries.get(key)
 
 
 def _pointer(*parts: str) -> str:

@@ -220,10 +220,11 @@ def test_cluster_store_attempts_hold_the_node_lock(tmp_path: Path) -> None:
     assert done.is_set() and len(backend.pools["198.51.100.0-24"].allocations) == 2
 
 
-def test_a_race_lost_to_another_writer_heats_the_pool_and_the_next_call_spreads(tmp_path: Path) -> None:
+def test_a_race_lost_to_another_writer_heats_the_pool_and_the_next_call_scatters(tmp_path: Path) -> None:
     """Node 2 finds the lowest free address reserved by a call in flight elsewhere (a reservation newer
-    than the pool it read): it takes another and marks the pool hot in its node lock, so its next
-    call picks among the lowest free addresses at once instead of walking into the same races."""
+    than the pool it read): its next candidate is the lowest free address after a random point of the
+    range (not the next lowest, which the other nodes' writers go for too), and it marks the pool hot
+    in its node lock, so its next call starts at a random point at once."""
     from ipam.store.base import Reservation
 
     backend = Backend()
@@ -235,9 +236,38 @@ def test_a_race_lost_to_another_writer_heats_the_pool_and_the_next_call_spreads(
     e2 = _engine(backend, [], 0.0, local_db=str(tmp_path / "n2" / "db"))
     e2.retry = type(e2.retry)(rand=lambda: picks.append(1) or 0.99)
     owner_b = Allocation("cb", "ns/b", "net1", "", "n", "node2")
-    assert e2.add(owner_b)[0][1] == 3 and picks == []  # lowest free after the racer's; no spread yet
+    assert e2.add(owner_b)[0][1] == 252 and len(picks) == 1  # 99% into .1-.254: .252
     lock = nodelock.path_for(str(tmp_path / "n2" / "pool-locks"), e2.identity, "node2", "198.51.100.0-24")
     with nodelock.held(lock) as held:
         assert held is not None and held.hot()
     got = e2.add(Allocation("cc", "ns/c", "net1", "", "n", "node2"))[0][1]
-    assert picks and got > 4  # spread: a random pick (here the highest) among the lowest free
+    assert len(picks) == 2 and got == 253  # hot: scattered from the first candidate (.252 is taken)
+
+
+def test_the_next_holder_gets_the_previous_holders_snapshot_and_no_one_else(tmp_path: Path) -> None:
+    """A snapshot left beside the node lock counts only for the very next holder: a holder that left
+    none in between (a failed write) makes it stale for everyone after."""
+    path = str(tmp_path / "locks" / "p.lock")
+    with nodelock.held(path) as first:
+        assert first is not None and first.load() is None  # nothing left yet
+        first.save(b'{"pool": 1}')
+    with nodelock.held(path) as second:
+        assert second is not None and second.load() == b'{"pool": 1}'
+        second.save(None)  # this holder wrote nothing it could vouch for
+    with nodelock.held(path) as third:
+        assert third is not None and third.load() is None
+        third.save(b'{"pool": 3}')
+    assert os.stat(path + ".snap").st_mode & 0o777 == 0o600
+    assert sorted(os.listdir(tmp_path / "locks")) == ["p.lock", "p.lock.snap"]  # no temp file left
+    with nodelock.held(path) as fourth:
+        assert fourth is not None and fourth.load() == b'{"pool": 3}'
+
+
+def test_an_unwritable_snapshot_is_only_a_missed_shortcut(tmp_path: Path) -> None:
+    path = tmp_path / "locks" / "p.lock"
+    with nodelock.held(str(path)) as held:
+        assert held is not None
+        (tmp_path / "locks" / "p.lock.snap").mkdir()  # os.replace onto a directory fails
+        held.save(b"{}")
+        assert held.load() is None
+    assert sorted(os.listdir(tmp_path / "locks")) == ["p.lock", "p.lock.snap"]
