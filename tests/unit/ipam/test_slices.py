@@ -99,7 +99,7 @@ def test_pool_names_are_upstreams() -> None:
 
 def test_exclude_range_start_end_and_gateway_are_cut_to_the_slice() -> None:
     c = conf(range="198.18.0.0/16", node_slice_size="/24", range_start="198.18.1.100",
-             range_end="198.18.2.20", exclude=["198.18.1.128/25", "198.18.2.0/29"], gateway="198.18.2.9")  # fmt: skip
+             range_end="198.18.2.20", exclude=["198.18.1.128/25", "198.18.2.0/29"], gateway="198.18.2.9")
     rng = c.ranges[0]
     one = slices.in_slice(rng, ipaddress.ip_network("198.18.1.0/24"), "n", "")
     base = int(ipaddress.ip_address("198.18.1.0"))
