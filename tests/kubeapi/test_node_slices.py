@@ -32,6 +32,7 @@ import pytest
 
 from cni.errors import Code
 from tests import kubeup
+from tests.concurrency.harness import spawn_all
 from tests.kubeapi import wbupstream
 from tests.kubeapi.wbupstream import Implementation, cni_env
 from tests.unit.ipam.test_crd_schema import schemas
@@ -237,6 +238,26 @@ def test_ours_assigns_without_a_controller_and_upstreams_keeps_it_when_it_starts
     assert site.add(site.ours, conf, three, "c", cid()) == f"{third[1]}/16"
     pools = {f"late-{n}-{normalized(after[n])}" for n in (one, two, three)}
     assert set(site.tenant.pools()) == pools
+
+
+def test_nodes_taking_their_first_slice_at_once_never_share_one(site: Site) -> None:
+    """Eight nodes' first ADDs, each its own plugin process, all started at once on a network without
+    a NodeSlicePool: one creates it, the others' writes conflict and take the next free slice."""
+    conf = site.ours.conf(net("slices-g", range="198.18.0.0/16", node_slice_size="/24"))
+    nodes = [site.node(f"r{i}", create=False) for i in range(8)]
+    calls = [
+        (cni_env("ADD", cid(), "net1", f"{site.ns}/pod-{i}", f"uid-{i}", node), conf)
+        for i, node in enumerate(nodes)
+    ]
+    results = spawn_all(calls)
+    assert [rc for rc, _, _ in results] == [0] * 8, results
+    got = site.assignments("slices-g")
+    assert sorted(got) == sorted(nodes)
+    assert sorted(got.values(), key=ipaddress.ip_network) == [f"198.18.{i}.0/24" for i in range(8)]
+    for node, (_, out, _) in zip(nodes, results, strict=True):
+        (ip,) = out["ips"]
+        assert ip["address"] == f"{ipaddress.ip_network(got[node])[1]}/16"
+    assert set(site.tenant.pools()) == {f"{n}-{normalized(got[n])}" for n in nodes}
 
 
 def test_exclude_and_range_start_end_hold_inside_a_slice(site: Site) -> None:
