@@ -109,11 +109,7 @@ class Reconciler:
         net = ipaddress.ip_network(pool.range, strict=False)
         network_name = network_name_of(pool.name, pool.range)
         if network_name is not None:
-            # a node slice's pool is `[<network_name>-]<node>-<slice>` (ipam.slices): its reservations
-            # are named under network_name alone, so each shorter '-' prefix may be the network's too
-            parts = network_name.split("-") if network_name else []
-            for candidate in ["-".join(parts[:i]) for i in range(len(parts), -1, -1)] or [""]:
-                self._pools.append((pool.name, candidate, net))
+            self._pools.append((pool.name, network_name, net))
         doomed: dict[str, Allocation] = {}
         for key, owner in pool.allocations.items():
             reason = self._judge(owner, report)

@@ -244,21 +244,3 @@ def test_run_forever_runs_until_stopped_and_survives_a_failed_run(db: str) -> No
 
     run_forever(make, 0.01, stop, reports.append)
     assert calls == 3 and len(reports) == 2 and all(r.found == 8 for r in reports)
-
-
-def test_a_reservation_of_a_gone_pod_whose_address_a_slice_pool_holds_is_kept(tmp_path: Path) -> None:
-    """Node slices: the pool is `<network_name>-<node>-<slice>`, its reservations `<network_name>-<ip>`
-    (ipam.slices); upstream's takeover case (the entry names a live pod, the reservation the gone one)
-    keeps the reservation there as in any pool, and a reservation nobody holds still goes."""
-    from ipam.store.base import Pool, PoolUpdate, Reservation
-
-    store = LocalStore(str(tmp_path / "ipam.db"))
-    for network in ("rdma", ""):
-        prefix = f"{network}-" if network else ""
-        pool = Pool(f"{prefix}node-1.x-198.18.3.0-24", "198.18.3.0/24")
-        store.commit_pool(pool, PoolUpdate(put={"5": LIVE}))
-        store.put_reservation(Reservation(f"{prefix}198.18.3.5", GONE))
-        store.put_reservation(Reservation(f"{prefix}198.18.3.6", GONE))
-    Reconciler(store, Pods(ALIVE)).run()
-    assert {r.name for r in store.iter_reservations()} == {"rdma-198.18.3.5", "198.18.3.5"}
-    store.close()
