@@ -27,6 +27,8 @@ class Code(IntEnum):
     DAD_FAILED = 104
     CHECK_FAILED = 105
     ROLLBACK_INCOMPLETE = 106
+    SLICE_FULL = 107  # IPAM node slices: this node's slice has no free address
+    NO_SLICE = 108  # IPAM node slices: no slice for this node, and none free to assign
     INTERNAL = 999
 
 

@@ -3,7 +3,8 @@ and `from_dict` are functions of their arguments, and every error is code 7 nami
 
 Keys are whereabouts' own (snake_case, `ipRanges`). Ours: `datastore: local` and `local_db`. Accepted
 and ignored: `leader_lease_duration`, `leader_renew_deadline`, `leader_retry_period` (we take no lease)
-and `sleep_for_race` (a test knob upstream). Rejected until implemented: `node_slice_size`."""
+and `sleep_for_race` (a test knob upstream). `node_slice_size` (node slices, ipam.slices) needs the
+kubernetes datastore and exactly one range."""
 
 from __future__ import annotations
 
@@ -82,6 +83,7 @@ class IpamConfig:
     log_file: str = ""
     log_level: str = ""
     reconciler_cron_expression: str = ""
+    node_slice_size: str = ""  # as written (upstream compares it as a string); ipam.slices.parse_size
 
 
 def read_flat_file(
@@ -131,13 +133,9 @@ def merge(inline: Mapping[str, Any], flat: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def from_dict(d: dict[str, Any], path: str = "ipam") -> IpamConfig:
-    if d.get("node_slice_size"):
-        raise ConfigError(
-            f"{f.join(path, 'node_slice_size')}: node slices are not supported yet; "
-            "remove it to allocate from the whole range"
-        )
     gateway = _gateway(d, path)
     parsed = _ranges(d, path, gateway)
+    store = store_config(d, path)
     return IpamConfig(
         ranges=parsed,
         gateway=gateway,
@@ -149,11 +147,31 @@ def from_dict(d: dict[str, Any], path: str = "ipam") -> IpamConfig:
         addresses=_addresses(d, path),
         overlapping=bool(f.opt(d, "enable_overlapping_ranges", bool, path, True)),
         network_name=_network_name(d, path),
-        store=store_config(d, path),
+        store=store,
         log_file=f.opt(d, "log_file", str, path, ""),
         log_level=f.opt(d, "log_level", str, path, ""),
         reconciler_cron_expression=f.opt(d, "reconciler_cron_expression", str, path, ""),
+        node_slice_size=_node_slice_size(d, path, parsed, store),
     )
+
+
+def _node_slice_size(d: dict[str, Any], path: str, parsed: tuple[IPRange, ...], store: StoreConfig) -> str:
+    """`node_slice_size` as written, once valid for this config ("" when unset, as upstream)."""
+    value = d.get("node_slice_size")
+    if value in (None, ""):
+        return ""
+    where = f.join(path, "node_slice_size")
+    from ipam import slices
+
+    slices.parse_size(value, parsed[0].network, where)
+    if store.datastore != "kubernetes":
+        raise ConfigError(
+            f"{where}: node slices live in the NodeSlicePool CRD: needs the kubernetes datastore, "
+            f"not {store.datastore}"
+        )
+    if len(parsed) != 1:
+        raise ConfigError(f"{where}: node slices take exactly one range, this config has {len(parsed)}")
+    return str(value)
 
 
 def _gateway(d: dict[str, Any], path: str) -> f.IPAddress | None:

@@ -54,7 +54,7 @@ class Engine:
         self.lock_dir = os.path.join(os.path.dirname(s.local_db), "pool-locks") if cluster else ""
 
     def pool_name(self, rng: IPRange) -> str:
-        return pool_name(rng.cidr, self.conf.network_name)
+        return rng.pool or pool_name(rng.cidr, self.conf.network_name)
 
     def reservation_name(self, rng: IPRange, offset: int) -> str:
         return reservation_name(str(rng.address(offset)), self.conf.network_name)

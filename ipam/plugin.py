@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator
 
 from cni import log, spec
-from cni.errors import ConfigError, NotAvailableError, TryAgainError
+from cni.errors import CheckError, ConfigError, ExhaustedError, NotAvailableError, TryAgainError
 from cni.types.netconf import Request
 from cni.types.result import IPConfig, Result
 from ipam import config
@@ -55,10 +55,17 @@ def owner(req: Request) -> Allocation:
 
 
 @contextlib.contextmanager
-def engine(conf: IpamConfig) -> Iterator[Engine]:
+def engine(conf: IpamConfig, req: Request | None = None, assign: bool = False) -> Iterator[Engine]:
+    """The engine over the store `conf` names; with node slices (and `req`), over this node's slice
+    (ipam.nodeslice; `assign`: give the node a slice if it has none)."""
     from ipam.store.handles import store_for
 
     with store_for(conf.store) as store:
+        if conf.node_slice_size and req is not None:
+            from ipam import nodeslice
+
+            node = node_name(req, req.conf.get("ipam") or {})
+            conf = nodeslice.resolve(conf, store, req.name, node, assign)
         yield Engine(store, conf)
 
 
@@ -89,8 +96,15 @@ def add(req: Request) -> Result:
     conf = load(req)
     check_version_fits(conf, req.version)
     who = owner(req)
-    with engine(conf) as e:
-        got = e.add(who)
+    with engine(conf, req, assign=True) as e:
+        try:
+            got = e.add(who)
+        except ExhaustedError as err:
+            if not conf.node_slice_size:
+                raise
+            from ipam import slices
+
+            raise slices.slice_full(err, who.node, e.conf.ranges[0]) from None
     log.info(
         "ADD %s %s (%s): %s",
         req.container_id,
@@ -103,14 +117,16 @@ def add(req: Request) -> Result:
 
 def delete(req: Request) -> None:
     conf = load(req)
-    with engine(conf) as e:
+    with engine(conf, req) as e:
         e.delete(owner(req))
     log.info("DEL %s %s released", req.container_id, req.ifname)
 
 
 def check(req: Request) -> None:
     conf = load(req)
-    with engine(conf) as e:
+    with engine(conf, req) as e:
+        if conf.node_slice_size and not e.conf.ranges:
+            raise CheckError(f"node {node_name(req, req.conf.get('ipam') or {})} has no node slice")
         e.check(owner(req))
 
 
@@ -129,5 +145,5 @@ def gc(req: Request) -> None:
         log.warning("GC without cni.dev/valid-attachments: nothing released")
         return
     conf = load(req)
-    with engine(conf) as e:
+    with engine(conf, req) as e:
         e.gc(req.name, node_name(req, req.conf.get("ipam") or {}), valid)

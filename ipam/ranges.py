@@ -21,6 +21,8 @@ class IPRange:
     end: int  # last address handed out
     excludes: tuple[f.IPNetwork, ...] = ()
     segments: tuple[Segment, ...] = ()
+    prefixlen: int = 0  # the result's prefix length when not the network's (a node slice: the whole range's)
+    pool: str = ""  # the pool's name when not derived from the network (a node slice: ipam.slices)
 
     @property
     def cidr(self) -> str:
@@ -43,7 +45,7 @@ class IPRange:
         return int(ip) - self.base
 
     def interface(self, offset: int) -> f.IPInterface:
-        return ipaddress.ip_interface(f"{self.address(offset)}/{self.network.prefixlen}")
+        return ipaddress.ip_interface(f"{self.address(offset)}/{self.prefixlen or self.network.prefixlen}")
 
     @property
     def version(self) -> int:

@@ -28,6 +28,9 @@ RULES: dict[str, tuple[Rule, ...]] = {
         # over; list: GC
         Rule(WHEREABOUTS, "overlappingrangeipreservations", ("get", "list", "create", "update", "delete"),
              namespaced=True),
+        # node slices (ipam.nodeslice): read this network's NodeSlicePool; where no node-slice-controller
+        # made it or assigned this node, create it or take a free slice (compare-and-swap: update)
+        Rule(WHEREABOUTS, "nodeslicepools", ("get", "create", "update"), namespaced=True),
     ),
     RECONCILER: (
         # the reconciler and the operator CLI (pools, show, release): page through pools, free entries

@@ -1,0 +1,112 @@
+"""Which slice this node allocates from (ipam.slices), resolved before the engine runs: the config's one
+range becomes the slice's range (its pool, offsets and name; ipam.slices.in_slice), so the engine
+allocates, releases, checks and collects in that pool exactly as in any other.
+
+Who assigns: the plugin, on the ADD that first needs a slice. Upstream's node-slice-controller assigns
+when it runs; where it does not, a node's first ADD must not wait for anyone. Ours does what the
+controller does, one node at a time: read the NodeSlicePool (`network_name`, else the CNI config's
+`name`); absent: create it with every slice and this node in the first one; present and this node
+without a slice: give it the first free slice (both upstream's rules), with compare-and-swap on
+resourceVersion, so concurrent assigners (other nodes, the controller) each see the other's write and
+never hand one slice out twice. A controller started later finds the same range and size and keeps
+every assignment of a node that has a Node object (it frees the slices of names without one).
+
+DEL, CHECK and GC never assign: a node without a slice has nothing in any slice pool."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cni import log
+from cni.errors import CniError, Code, ConfigError
+from cni.types.record import replace
+from ipam import slices
+from ipam.config import IpamConfig
+from ipam.retry import Retry, retrying
+from ipam.store.base import Store
+from ipam.store.nodeslices import NodeSlicePools, allocations, assigned, new_object, spec
+
+
+def pool_name_of(conf: IpamConfig, cni_name: str) -> str:
+    """The NodeSlicePool's name: network_name, else the CNI network's name (upstream's getSliceName)."""
+    return conf.network_name or cni_name
+
+
+def api_for(store: Store) -> NodeSlicePools:
+    client, namespace = getattr(store, "client", None), getattr(store, "namespace", None)
+    if client is None or not isinstance(namespace, str):
+        raise ConfigError("ipam.node_slice_size: node slices need the kubernetes datastore")
+    return NodeSlicePools(client, namespace, getattr(store, "role", None))
+
+
+def resolve(
+    conf: IpamConfig, store: Store, cni_name: str, node: str, assign: bool, retry: Retry | None = None
+) -> IpamConfig:
+    """`conf` with its range replaced by this node's slice; no range at all when the node has no slice
+    and `assign` is off. Code 108 when the node has none and none is free."""
+    if not node:
+        raise ConfigError("ipam.node_slice_size: the node's name is unknown (set NODENAME)")
+    api = api_for(store)
+    name = pool_name_of(conf, cni_name)
+    rng = conf.ranges[0]
+    size = slices.parse_size(conf.node_slice_size, rng.network, "ipam.node_slice_size")
+
+    def attempt() -> str | None:
+        obj = api.get(name)
+        if obj is None:
+            if not assign:
+                return None
+            cuts = list(slices.slices(rng.network, size))
+            fresh = new_object(name, api.namespace, rng.cidr, conf.node_slice_size, cuts)
+            api.create(assigned(fresh, 0, node))  # Conflict: someone made it meanwhile; read again
+            log.info("NodeSlicePool %s created: node %s has slice %s", name, node, cuts[0])
+            return cuts[0]
+        held = allocations(obj)
+        mine = slices.slice_of(held, node)
+        if mine is not None:
+            return _checked(mine, obj, name, node, conf, size)
+        if not assign:
+            return None
+        _same_spec(obj, name, conf)
+        index = slices.first_free(held, node)
+        if index is None:
+            raise CniError(
+                f"node {node}: no slice of {rng.cidr} in NodeSlicePool {name}: all {len(held)} "
+                f"/{size} slices are assigned to other nodes",
+                "a slice is freed when its node's Node object is deleted (node-slice-controller); "
+                "or use a larger range or smaller slices",
+                code=Code.NO_SLICE,
+            )
+        api.update(assigned(obj, index, node))  # Conflict: changed meanwhile; read again
+        log.info("NodeSlicePool %s: node %s assigned slice %s", name, node, held[index][1])
+        return held[index][1]
+
+    found = retrying(retry or Retry(), f"node slice of {node} in {name}", attempt)
+    if found is None:
+        return replace(conf, ranges=())
+    net = slices.fits(found, rng, size)
+    assert net is not None  # _checked or built by us
+    return replace(conf, ranges=(slices.in_slice(rng, net, node, conf.network_name),))
+
+
+def _same_spec(obj: dict[str, Any], name: str, conf: IpamConfig) -> None:
+    """Ours never assigns in a NodeSlicePool made for another range or size (the controller re-slices)."""
+    have = spec(obj)
+    want = (conf.ranges[0].cidr, conf.node_slice_size)
+    if have != want:
+        raise ConfigError(
+            f"ipam.node_slice_size: NodeSlicePool {name} slices range {have[0]!r} by {have[1]!r}, "
+            f"this config {want[0]!r} by {want[1]!r}",
+            "every NetworkAttachmentDefinition of one network must agree; the node-slice-controller "
+            "re-slices when a NAD changes",
+        )
+
+
+def _checked(cidr: str, obj: dict[str, Any], name: str, node: str, conf: IpamConfig, size: int) -> str:
+    if slices.fits(cidr, conf.ranges[0], size) is None:
+        have = spec(obj)
+        raise ConfigError(
+            f"ipam.node_slice_size: NodeSlicePool {name} gives node {node} slice {cidr!r}, not a "
+            f"/{size} slice of {conf.ranges[0].cidr} (it slices {have[0]!r} by {have[1]!r})",
+        )
+    return cidr
