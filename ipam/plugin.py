@@ -7,7 +7,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from cni import log, spec
+from cni import log, metrics, spec
 from cni.errors import ConfigError, NotAvailableError, TryAgainError
 from cni.types.netconf import Request
 from cni.types.result import IPConfig, Result
@@ -55,10 +55,12 @@ def owner(req: Request) -> Allocation:
 
 
 @contextlib.contextmanager
-def engine(conf: IpamConfig) -> Iterator[Engine]:
+def engine(conf: IpamConfig, command: str = "") -> Iterator[Engine]:
+    """The engine over the configured store for one call, timed and labelled for the metrics (counted
+    only in the agent: cni.metrics)."""
     from ipam.store.handles import store_for
 
-    with store_for(conf.store) as store:
+    with metrics.ipam_call(conf.store.datastore, command), store_for(conf.store) as store:
         yield Engine(store, conf)
 
 
@@ -89,7 +91,7 @@ def add(req: Request) -> Result:
     conf = load(req)
     check_version_fits(conf, req.version)
     who = owner(req)
-    with engine(conf) as e:
+    with engine(conf, req.command) as e:
         got = e.add(who)
     log.info(
         "ADD %s %s (%s): %s",
@@ -103,21 +105,21 @@ def add(req: Request) -> Result:
 
 def delete(req: Request) -> None:
     conf = load(req)
-    with engine(conf) as e:
+    with engine(conf, req.command) as e:
         e.delete(owner(req))
     log.info("DEL %s %s released", req.container_id, req.ifname)
 
 
 def check(req: Request) -> None:
     conf = load(req)
-    with engine(conf) as e:
+    with engine(conf, req.command) as e:
         e.check(owner(req))
 
 
 def status(req: Request) -> None:
     conf = load(req)
     try:
-        with engine(conf) as e:
+        with engine(conf, req.command) as e:
             e.store.ping()
     except TryAgainError as err:
         raise NotAvailableError(err.msg, err.details) from None
@@ -129,5 +131,5 @@ def gc(req: Request) -> None:
         log.warning("GC without cni.dev/valid-attachments: nothing released")
         return
     conf = load(req)
-    with engine(conf) as e:
+    with engine(conf, req.command) as e:
         e.gc(req.name, node_name(req, req.conf.get("ipam") or {}), valid)
