@@ -58,7 +58,8 @@ class Exporter(metrics.Sink):
 
     def __init__(self, component: str, build: str = "") -> None:
         self.component = component
-        disable_created_metrics()  # no `_created` series: a restart shows as counters going back to 0
+        # no `_created` series (process-wide; only the agent or the reconciler runs this)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.registry.register(collector)

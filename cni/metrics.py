@@ -75,7 +75,7 @@ def conflict(kind: str, n: int = 1) -> None:
 
 
 def parse_address(text: str) -> tuple[str, int] | None:
-    """A metrics endpoint: 'HOST:PORT', '[V6]:PORT', ':PORT' (every address), or 'off' (None). Port 0
+    """A metrics endpoint: 'IP:PORT', '[IPV6]:PORT', ':PORT' (every address), or 'off' (None). Port 0
     binds any free one. ValueError naming what is wrong."""
     import ipaddress
 
@@ -87,6 +87,8 @@ def parse_address(text: str) -> tuple[str, int] | None:
         raise ValueError(f"{text!r}: expected HOST:PORT (a port up to 65535) or off")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"{text!r}: an IPv6 address goes in brackets ([::1]:PORT)")
     if host:
         try:
             ipaddress.ip_address(host)

@@ -65,16 +65,17 @@ def metrics_address(text: str) -> tuple[str, int] | None:
 def serve_metrics(where: tuple[str, int] | None) -> None:
     """The reconciler's exporter (cni.exporter); an endpoint that cannot be bound is reported, not
     fatal: freeing addresses is what the reconciler is for."""
+    if where is None:
+        return
     from cni.__main__ import build_id
     from cni.exporter import RECONCILER, start
 
     try:
         _, url = start(RECONCILER, where, build_id())
     except OSError as e:
-        assert where is not None
         sys.stderr.write(f"metrics not served on {where[0]}:{where[1]}: {e.strerror or e}\n")
         return
-    sys.stderr.write(f"metrics on {url}\n" if url else "metrics off\n")
+    sys.stderr.write(f"metrics on {url}\n")
     sys.stderr.flush()
 
 

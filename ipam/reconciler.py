@@ -124,8 +124,6 @@ class Reconciler:
 
     def _pool(self, pool: Pool, report: Report) -> None:
         net = ipaddress.ip_network(pool.range, strict=False)
-        lo, hi = usable_bounds(net)
-        metrics.sink().pool(metrics.STORE.get(), pool.name, len(pool.allocations), max(hi - lo + 1, 0))
         network_name = network_name_of(pool.name, pool.range)
         if network_name is not None:
             self._pools.append((pool.name, network_name, net))
@@ -138,8 +136,11 @@ class Reconciler:
                 self.on_finding(
                     Finding("allocation", pool.name, str(net.network_address + int(key)), owner, reason)
                 )
-        if doomed and not self.dry_run:
-            report.freed += self._release(pool, doomed, report)
+        freed = self._release(pool, doomed, report) if doomed and not self.dry_run else 0
+        report.freed += freed
+        lo, hi = usable_bounds(net)  # the pool as this run leaves it (no request made for the metrics)
+        size = max(hi - lo + 1, 0)
+        metrics.sink().pool(metrics.STORE.get(), pool.name, len(pool.allocations) - freed, size)
 
     def _release(self, pool: Pool, doomed: dict[str, Allocation], report: Report) -> int:
         for _ in range(CAS_TRIES):

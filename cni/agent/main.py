@@ -45,14 +45,21 @@ def serve_metrics(where: tuple[str, int] | None, build: str) -> None:
     """Install the exporter and serve it; an address that cannot be bound is logged, not fatal: the
     agent is there for the calls, and the hooks count all the same."""
     from cni.agent.server import say
-    from cni.exporter import AGENT, start
 
-    try:
-        _, url = start(AGENT, where, build)
-    except OSError as e:
-        say(f"metrics not served on {where[0]}:{where[1]}: {e.strerror or e}" if where else str(e))
+    if where is None:
+        say("metrics off")
         return
-    say(f"metrics on {url}" if url else "metrics off")
+    try:
+        from cni.exporter import AGENT, start
+
+        _, url = start(AGENT, where, build)
+    except ImportError as e:  # a bundle built without prometheus_client: serve the calls all the same
+        say(f"metrics not available in this build: {e}")
+        return
+    except OSError as e:
+        say(f"metrics not served on {where[0]}:{where[1]}: {e.strerror or e}")
+        return
+    say(f"metrics on {url}")
 
 
 def main(argv: list[str] | None = None) -> int:
