@@ -127,6 +127,7 @@ def serve(made: list[Exporter], component: str) -> tuple[Exporter, str]:
 @pytest.mark.parametrize(
     ("text", "want"),
     [("127.0.0.1:9736", ("127.0.0.1", 9736)), (":9737", ("0.0.0.0", 9737)), ("[::1]:0", ("::1", 0)),
+     ("[198.51.100.7]:9736", ("198.51.100.7", 9736)),
      ("198.51.100.7:80", ("198.51.100.7", 80)), ("off", None), ("OFF", None)],
 )
 def test_metrics_address(text: str, want: tuple[str, int] | None) -> None:
