@@ -54,36 +54,53 @@ def default_address(component: str) -> str:
 
 
 class Exporter(metrics.Sink):
-    """The installed sink of one process (`component`: AGENT or RECONCILER) and its HTTP endpoint."""
+    """The installed sink of one process and its HTTP endpoint: what both components export (build,
+    conflicts); AgentExporter and ReconcilerExporter add their own families. An observation of a
+    family the component does not have is dropped (metrics.Sink's no-op)."""
 
-    def __init__(self, component: str, build: str = "") -> None:
-        self.component = component
+    component = ""
+
+    def __init__(self, build: str = "") -> None:
         # no `_created` series (process-wide; only the agent or the reconciler runs this)
         disable_created_metrics()  # type: ignore[no-untyped-call]
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = reg = CollectorRegistry(auto_describe=True)
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-            self.registry.register(collector)
+            reg.register(collector)
         self._server: object | None = None
-        self._lock = threading.Lock()
-        self._pools: dict[str, set[str]] = {}  # store -> pool names exported
-        reg = self.registry
         info = Gauge("pycni_build_info", "The pycni build of this process (value 1).",
                      ["component", "build"], registry=reg)
-        info.labels(component, build or "unknown").set(1)
-        self.retries = Counter("pycni_ipam_retries_total",
-                               "Store operations attempted again, by reason (conflict: a compare-and-swap "
-                               "write lost; busy, unavailable: the store; again: a candidate taken).",
-                               ["store", "reason"], registry=reg)
+        info.labels(self.component, build or "unknown").set(1)
         self.conflicts = Counter("pycni_ipam_conflicts_total",
                                  "Compare-and-swap writes lost to another writer, by object: pool, or "
                                  "reservation (for an ADD: the address was reserved by a racer first).",
                                  ["store", "kind"], registry=reg)
-        if component == AGENT:
-            self._agent_families(reg)
-        else:
-            self._reconciler_families(reg)
 
-    def _agent_families(self, reg: CollectorRegistry) -> None:
+    def serve(self, host: str, port: int) -> tuple[str, int]:
+        """Serve /metrics on host:port (port 0: any free one) from a daemon thread; the bound address.
+        OSError when it cannot bind."""
+        server, _ = start_http_server(port, host, self.registry)
+        self._server = server
+        bound = server.server_address
+        return str(bound[0]), int(bound[1])
+
+    def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()  # type: ignore[attr-defined]
+            server.server_close()  # type: ignore[attr-defined]
+
+    def conflict(self, store: str, kind: str, n: int = 1) -> None:
+        self.conflicts.labels(store, kind).inc(n)
+
+
+class AgentExporter(Exporter):
+    """The agent: its calls, and the IPAM calls they make."""
+
+    component = AGENT
+
+    def __init__(self, build: str = "") -> None:
+        super().__init__(build)
+        reg = self.registry
         self.attach_seconds = Histogram("pycni_attach_duration_seconds",
                                         "CNI calls served by the agent, from the go-ahead to the answer.",
                                         ["plugin", "command"], buckets=CALL_BUCKETS, registry=reg)
@@ -100,41 +117,10 @@ class Exporter(metrics.Sink):
         self.ipam_errors = Counter("pycni_ipam_errors_total",
                                    "IPAM calls served in the agent that failed, by CNI error code.",
                                    ["store", "command", "code"], registry=reg)
-
-    def _reconciler_families(self, reg: CollectorRegistry) -> None:
-        self.pool_size = Gauge("pycni_ipam_pool_size",
-                               "Addresses of the pool's range (network and IPv4 broadcast not counted), "
-                               "as of the last reconcile run.", ["store", "pool"], registry=reg)
-        self.pool_used = Gauge("pycni_ipam_pool_used", "Addresses allocated in the pool, as of the last "
-                               "reconcile run.", ["store", "pool"], registry=reg)
-        self.run_seconds = Histogram("pycni_reconcile_duration_seconds", "Reconcile runs.",
-                                     buckets=RUN_BUCKETS, registry=reg)
-        self.runs = Counter("pycni_reconcile_runs_total", "Reconcile runs, by result (ok, error).",
-                            ["result"], registry=reg)
-        self.freed = Counter("pycni_reconcile_freed_total",
-                             "Allocations and reservations freed because their pod is gone.", ["kind"],
-                             registry=reg)
-        self.last_success = Gauge("pycni_reconcile_last_success_timestamp_seconds",
-                                  "When the last reconcile run without errors ended (Unix time).",
-                                  registry=reg)
-
-    # ---- the HTTP endpoint ----------------------------------------------------------------------
-
-    def serve(self, host: str, port: int) -> tuple[str, int]:
-        """Serve /metrics on host:port (port 0: any free one) from a daemon thread; the bound address.
-        OSError when it cannot bind."""
-        server, _ = start_http_server(port, host, self.registry)
-        self._server = server
-        bound = server.server_address
-        return str(bound[0]), int(bound[1])
-
-    def close(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()  # type: ignore[attr-defined]
-            server.server_close()  # type: ignore[attr-defined]
-
-    # ---- metrics.Sink -----------------------------------------------------------------------------
+        self.retries = Counter("pycni_ipam_retries_total",
+                               "Store operations attempted again, by reason (conflict: a compare-and-swap "
+                               "write lost; busy, unavailable: the store; again: a candidate taken).",
+                               ["store", "reason"], registry=reg)
 
     def attach(self, plugin: str, command: str, seconds: float, code: int) -> None:
         p, c = plugin_label(plugin), command_label(command)
@@ -157,8 +143,32 @@ class Exporter(metrics.Sink):
     def retry(self, store: str, reason: str) -> None:
         self.retries.labels(store, reason).inc()
 
-    def conflict(self, store: str, kind: str, n: int = 1) -> None:
-        self.conflicts.labels(store, kind).inc(n)
+
+class ReconcilerExporter(Exporter):
+    """The reconciler: every pool it lists, and its runs."""
+
+    component = RECONCILER
+
+    def __init__(self, build: str = "") -> None:
+        super().__init__(build)
+        reg = self.registry
+        self._lock = threading.Lock()
+        self._pools: dict[str, set[str]] = {}  # store -> pool names exported
+        self.pool_size = Gauge("pycni_ipam_pool_size",
+                               "Addresses of the pool's range (network and IPv4 broadcast not counted), "
+                               "as of the last reconcile run.", ["store", "pool"], registry=reg)
+        self.pool_used = Gauge("pycni_ipam_pool_used", "Addresses allocated in the pool, as of the last "
+                               "reconcile run.", ["store", "pool"], registry=reg)
+        self.run_seconds = Histogram("pycni_reconcile_duration_seconds", "Reconcile runs.",
+                                     buckets=RUN_BUCKETS, registry=reg)
+        self.runs = Counter("pycni_reconcile_runs_total", "Reconcile runs, by result (ok, error).",
+                            ["result"], registry=reg)
+        self.freed = Counter("pycni_reconcile_freed_total",
+                             "Allocations and reservations freed because their pod is gone.", ["kind"],
+                             registry=reg)
+        self.last_success = Gauge("pycni_reconcile_last_success_timestamp_seconds",
+                                  "When the last reconcile run without errors ended (Unix time).",
+                                  registry=reg)
 
     def pool(self, store: str, name: str, used: int, size: int) -> None:
         with self._lock:
@@ -183,11 +193,14 @@ class Exporter(metrics.Sink):
             self.last_success.set(time.time())
 
 
+EXPORTERS: dict[str, type[Exporter]] = {AGENT: AgentExporter, RECONCILER: ReconcilerExporter}
+
+
 def start(component: str, where: tuple[str, int] | None, build: str = "") -> tuple[Exporter, str | None]:
     """Install the component's exporter and serve it at `where` (cni.metrics.parse_address; None: no
     endpoint). (exporter, the URL served or None); OSError when it cannot be bound (the exporter is
     installed all the same)."""
-    exporter = Exporter(component, build)
+    exporter = EXPORTERS[component](build)
     metrics.install(exporter)
     if where is None:
         return exporter, None

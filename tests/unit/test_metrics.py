@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cni import jsonio, metrics, skel
 from cni.agent import client, server
 from cni.errors import Code, TryAgainError
-from cni.exporter import AGENT, RECONCILER, Exporter
+from cni.exporter import AGENT, EXPORTERS, RECONCILER, Exporter
 from ipam.batch import Combiner, Op
 from ipam.config import from_dict
 from ipam.engine import Engine
@@ -114,7 +114,7 @@ def served() -> Iterator[list[Exporter]]:
 
 
 def serve(made: list[Exporter], component: str) -> tuple[Exporter, str]:
-    e = Exporter(component, "b-test")
+    e = EXPORTERS[component]("b-test")
     made.append(e)
     metrics.install(e)
     host, port = e.serve("127.0.0.1", 0)
