@@ -209,7 +209,7 @@ def cmd_reconcile(store: Store, args: argparse.Namespace, conf: config.StoreConf
     def make() -> Reconciler:
         return Reconciler(store, pods, args.dry_run, show)
 
-    metrics.STORE.set(conf.datastore)  # labels what the runs count (on this thread)
+    label = metrics.STORE.set(conf.datastore)  # labels what the runs count (on this thread)
     try:
         if args.interval <= 0:
             report = make().run()
@@ -222,6 +222,7 @@ def cmd_reconcile(store: Store, args: argparse.Namespace, conf: config.StoreConf
         run_forever(make, args.interval, stop, summary)
         return 0
     finally:
+        metrics.STORE.reset(label)
         pods.close()
 
 
