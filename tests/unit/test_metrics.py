@@ -386,3 +386,35 @@ def test_reconciler_process_serves_its_metrics(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+# ---- flags ----------------------------------------------------------------------------------------
+
+
+def test_agent_metrics_flag_env_default_and_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cni.agent import main
+
+    monkeypatch.delenv(main.METRICS_ENV, raising=False)
+    assert main.parse([]).metrics == ("127.0.0.1", 9736)
+    assert main.parse(["--metrics=off"]).metrics is None
+    monkeypatch.setenv(main.METRICS_ENV, "[::1]:9999")
+    assert main.parse([]).metrics == ("::1", 9999)
+    with pytest.raises(SystemExit):
+        main.parse(["--metrics=localhost:9736"])
+
+
+def test_a_taken_port_is_logged_and_the_hooks_count_all_the_same(capfd: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from cni.agent import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        try:
+            main.serve_metrics(("127.0.0.1", port), "b1")
+            assert isinstance(metrics.sink(), EXPORTERS[AGENT])
+        finally:
+            metrics.install(None)
+    assert f"metrics not served on 127.0.0.1:{port}" in capfd.readouterr().err
