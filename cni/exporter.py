@@ -196,14 +196,13 @@ class ReconcilerExporter(Exporter):
 EXPORTERS: dict[str, type[Exporter]] = {AGENT: AgentExporter, RECONCILER: ReconcilerExporter}
 
 
-def start(component: str, where: tuple[str, int] | None, build: str = "") -> tuple[Exporter, str | None]:
-    """Install the component's exporter and serve it at `where` (cni.metrics.parse_address; None: no
-    endpoint). (exporter, the URL served or None); OSError when it cannot be bound (the exporter is
-    installed all the same)."""
+def install(component: str, build: str = "") -> Exporter:
+    """Create the component's exporter and install it as the process' sink (cni.metrics)."""
     exporter = EXPORTERS[component](build)
     metrics.install(exporter)
-    if where is None:
-        return exporter, None
-    host, port = exporter.serve(*where)
+    return exporter
+
+
+def url(host: str, port: int) -> str:
     shown = f"[{host}]" if ":" in host else host
-    return exporter, f"http://{shown}:{port}/metrics"
+    return f"http://{shown}:{port}/metrics"

@@ -68,14 +68,13 @@ def serve_metrics(where: tuple[str, int] | None) -> None:
     if where is None:
         return
     from cni.__main__ import build_id
-    from cni.exporter import RECONCILER, start
+    from cni.exporter import RECONCILER, install, url
 
+    exporter = install(RECONCILER, build_id())
     try:
-        _, url = start(RECONCILER, where, build_id())
+        sys.stderr.write(f"metrics on {url(*exporter.serve(*where))}\n")
     except OSError as e:
         sys.stderr.write(f"metrics not served on {where[0]}:{where[1]}: {e.strerror or e}\n")
-        return
-    sys.stderr.write(f"metrics on {url}\n")
     sys.stderr.flush()
 
 

@@ -10,6 +10,8 @@ import faulthandler
 import os
 import signal
 import sys
+import threading
+import time
 from typing import Any
 
 from cni.agent.client import DEFAULT_SOCKET
@@ -17,6 +19,7 @@ from cni.metrics import parse_address
 
 METRICS_ENV = "PYCNI_METRICS"
 DEFAULT_METRICS = "127.0.0.1:9736"  # == cni.exporter.default_address(AGENT), without importing it
+BIND_RETRY = 5.0  # seconds between attempts to bind a metrics address that was taken
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -41,25 +44,38 @@ def metrics_address(text: str) -> tuple[str, int] | None:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def serve_metrics(where: tuple[str, int] | None, build: str) -> None:
-    """Install the exporter and serve it; an address that cannot be bound is logged, not fatal: the
-    agent is there for the calls, and the hooks count all the same."""
+def serve_metrics(where: tuple[str, int] | None, build: str, every: float = BIND_RETRY) -> None:
+    """Install the exporter and serve it. The agent is there for the calls, so an address that cannot
+    be bound is not fatal: it is logged and tried again every `every` seconds in the background (a
+    port still held by the agent being replaced, say), and the hooks count meanwhile."""
     from cni.agent.server import say
 
     if where is None:
         say("metrics off")
         return
     try:
-        from cni.exporter import AGENT, start
-
-        _, url = start(AGENT, where, build)
+        from cni.exporter import AGENT, install, url
     except ImportError as e:  # a bundle built without prometheus_client: serve the calls all the same
         say(f"metrics not available in this build: {e}")
         return
-    except OSError as e:
-        say(f"metrics not served on {where[0]}:{where[1]}: {e.strerror or e}")
-        return
-    say(f"metrics on {url}")
+    exporter = install(AGENT, build)
+
+    def bind(first: bool) -> bool:
+        try:
+            say(f"metrics on {url(*exporter.serve(*where))}")
+            return True
+        except OSError as e:
+            if first:
+                say(f"metrics not served on {where[0]}:{where[1]}: {e.strerror or e}; trying again every "
+                    f"{every:g} s")
+            return False
+
+    def keep_trying() -> None:
+        while not bind(first=False):
+            time.sleep(every)
+
+    if not bind(first=True):
+        threading.Thread(target=keep_trying, name="metrics-bind", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:

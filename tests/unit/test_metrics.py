@@ -403,18 +403,31 @@ def test_agent_metrics_flag_env_default_and_off(monkeypatch: pytest.MonkeyPatch)
         main.parse(["--metrics=localhost:9736"])
 
 
-def test_a_taken_port_is_logged_and_the_hooks_count_all_the_same(capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_taken_port_is_logged_and_bound_once_it_is_free(capfd: pytest.CaptureFixture[str]) -> None:
     import socket
 
     from cni.agent import main
 
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen(1)
-        port = taken.getsockname()[1]
-        try:
-            main.serve_metrics(("127.0.0.1", port), "b1")
-            assert isinstance(metrics.sink(), EXPORTERS[AGENT])
-        finally:
-            metrics.install(None)
-    assert f"metrics not served on 127.0.0.1:{port}" in capfd.readouterr().err
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        main.serve_metrics(("127.0.0.1", port), "b1", every=0.05)
+        exporter = metrics.sink()
+        assert isinstance(exporter, EXPORTERS[AGENT])  # counting while there is no endpoint
+        exporter.refused("busy")
+        err = capfd.readouterr().err
+        assert f"metrics not served on 127.0.0.1:{port}" in err and "metrics on" not in err
+        taken.close()  # the old holder goes away: the agent binds it in the background
+        deadline = time.monotonic() + 60
+        while "metrics on" not in err and time.monotonic() < deadline:
+            time.sleep(0.05)
+            err += capfd.readouterr().err
+        assert f"metrics on http://127.0.0.1:{port}/metrics" in err
+        got = scrape(f"http://127.0.0.1:{port}/metrics")
+        assert value(got, "pycni_agent_refused_total", reason="busy") == 1
+        exporter.close()
+    finally:
+        taken.close()
+        metrics.install(None)
