@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable, Sequence, Set
 
+from cni import metrics
 from cni.types.record import field, record
 from ipam.ranges import IPRange
 from ipam.store.base import Allocation, PoolUpdate, PoolView, Segment
@@ -133,6 +134,8 @@ class Combiner:
                             op.error, op.done = e, True
                     if any(op in ops for op in batch) and not isinstance(e, Exception):
                         raise  # KeyboardInterrupt, SystemExit: this thread's own business
+                finally:  # each op runs in one batch: count its races lost once, when it is over
+                    metrics.conflict("reservation", sum(op.claims.lost for op in batch))
 
 
 class _Registry:

@@ -3,8 +3,9 @@
   pools                          pool, range, used/total and a usage bar
   show POOL                      the allocations with their owners
   release POOL IP [--yes]        free one address by hand (asks first)
-  reconcile --pods SPEC [--dry-run] [--interval SECONDS]
-                                 free what belongs to pods that are gone (SPEC: file:PATH, kubernetes)
+  reconcile --pods SPEC [--dry-run] [--interval SECONDS] [--metrics ADDR]
+                                 free what belongs to pods that are gone (SPEC: file:PATH, kubernetes);
+                                 with --interval, Prometheus metrics on ADDR (default 127.0.0.1:9737)
 
 The store is the one the flat file names (as the plugin finds it), or the one in --config (a conflist,
 a conf, or a bare ipam object), or the local database given by --local-db."""
@@ -13,19 +14,22 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from cni import jsonio
+from cni import jsonio, metrics
 from cni.errors import CniError, ConfigError
 from ipam import config
 from ipam.store.base import Pool, PoolUpdate, Store
 from ipam.store.names import pool_name, reservation_name
 
 BAR = 20
+METRICS_ENV = "PYCNI_METRICS"
+DEFAULT_METRICS = "127.0.0.1:9737"  # == cni.exporter.DEFAULT_PORTS[RECONCILER]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -44,7 +48,34 @@ def parser() -> argparse.ArgumentParser:
     rec.add_argument("--pods", required=True, help="pod source: file:PATH or kubernetes")
     rec.add_argument("--dry-run", action="store_true", help="only list what would be freed")
     rec.add_argument("--interval", type=float, default=0, help="keep running, every SECONDS")
+    rec.add_argument("--metrics", default=os.environ.get(METRICS_ENV) or DEFAULT_METRICS, metavar="ADDR",
+                     type=metrics_address,
+                     help="with --interval: serve Prometheus metrics on HOST:PORT, or `off` "
+                          f"(default {DEFAULT_METRICS}, or ${METRICS_ENV})")
     return p
+
+
+def metrics_address(text: str) -> tuple[str, int] | None:
+    try:
+        return metrics.parse_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def serve_metrics(where: tuple[str, int] | None) -> None:
+    """The reconciler's exporter (cni.exporter); an endpoint that cannot be bound is reported, not
+    fatal: freeing addresses is what the reconciler is for."""
+    if where is None:
+        return
+    from cni.__main__ import build_id
+    from cni.exporter import RECONCILER, install, url
+
+    exporter = install(RECONCILER, build_id())
+    try:
+        sys.stderr.write(f"metrics on {url(*exporter.serve(*where))}\n")
+    except OSError as e:
+        sys.stderr.write(f"metrics not served on {where[0]}:{where[1]}: {e.strerror or e}\n")
+    sys.stderr.flush()
 
 
 def store_config(args: argparse.Namespace) -> config.StoreConfig:
@@ -177,17 +208,20 @@ def cmd_reconcile(store: Store, args: argparse.Namespace, conf: config.StoreConf
     def make() -> Reconciler:
         return Reconciler(store, pods, args.dry_run, show)
 
+    label = metrics.STORE.set(conf.datastore)  # labels what the runs count (on this thread)
     try:
         if args.interval <= 0:
             report = make().run()
             summary(report)
             return 1 if report.errors else 0
+        serve_metrics(args.metrics)
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         run_forever(make, args.interval, stop, summary)
         return 0
     finally:
+        metrics.STORE.reset(label)
         pods.close()
 
 

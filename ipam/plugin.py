@@ -7,7 +7,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from cni import log, spec
+from cni import log, metrics, spec
 from cni.errors import CheckError, ConfigError, ExhaustedError, NotAvailableError, TryAgainError
 from cni.types.netconf import Request
 from cni.types.result import IPConfig, Result
@@ -55,12 +55,16 @@ def owner(req: Request) -> Allocation:
 
 
 @contextlib.contextmanager
-def engine(conf: IpamConfig, req: Request | None = None, assign: bool = False) -> Iterator[Engine]:
-    """The engine over the store `conf` names; with node slices (and `req`), over this node's slice
-    (ipam.nodeslice; `assign`: give the node a slice if it has none)."""
+def engine(
+    conf: IpamConfig, req: Request | None = None, assign: bool = False, command: str = ""
+) -> Iterator[Engine]:
+    """The engine over the store `conf` names, timed and labelled for the metrics (counted only in the
+    agent: cni.metrics); with node slices (and `req`), over this node's slice (ipam.nodeslice;
+    `assign`: give the node a slice if it has none)."""
     from ipam.store.handles import store_for
 
-    with store_for(conf.store) as store:
+    command = command or (req.command if req is not None else "")
+    with metrics.ipam_call(conf.store.datastore, command), store_for(conf.store) as store:
         if conf.node_slice_size and req is not None:
             from ipam import nodeslice
 
@@ -133,7 +137,7 @@ def check(req: Request) -> None:
 def status(req: Request) -> None:
     conf = load(req)
     try:
-        with engine(conf) as e:
+        with engine(conf, command=req.command) as e:
             e.store.ping()
     except TryAgainError as err:
         raise NotAvailableError(err.msg, err.details) from None

@@ -6,19 +6,25 @@ recorded (the name was reused by a new pod: StatefulSets). Allocations without a
 an entry that changed since it was judged (a kubelet re-ADD took it over) is not touched.
 
 Memory stays bounded: one pool at a time from the store's paging iterator, pod answers in a bounded
-LRU, findings streamed to a callback instead of collected."""
+LRU, findings streamed to a callback instead of collected.
+
+Metrics (cni.metrics; exported when the reconciler runs with an endpoint): the size and use of every
+pool it lists (it lists them all each run anyway: no request is made for the metrics), what it freed,
+and how each run went."""
 
 from __future__ import annotations
 
 import ipaddress
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cni import log
+from cni import log, metrics
 from cni.errors import CniError
 from ipam.podsource import PodInfo, PodSource, PodSourceError
+from ipam.ranges import usable_bounds
 from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, Store
 from ipam.store.names import network_name_of, reservation_address
 
@@ -86,11 +92,22 @@ class Reconciler:
         self._cache.clear()
         self._pools.clear()
         report = Report()
-        for pool in self.store.iter_pools():
-            self._pool(pool, report)
-        for res in self.store.iter_reservations():
-            self._reservation(res, report)
-        return report
+        started, seen, ok = time.monotonic(), set(), False
+        from_pools: int | None = None  # freed allocations, once every pool is done
+        try:
+            for pool in self.store.iter_pools():
+                self._pool(pool, report)
+                seen.add(pool.name)
+            metrics.sink().pools_seen(metrics.STORE.get(), seen)  # every pool listed: the others are gone
+            from_pools = report.freed
+            for res in self.store.iter_reservations():
+                self._reservation(res, report)
+            ok = not report.errors
+            return report
+        finally:
+            allocations = report.freed if from_pools is None else from_pools
+            freed = {"allocation": allocations, "reservation": report.freed - allocations}
+            metrics.sink().reconciled(time.monotonic() - started, ok, freed)
 
     def _judge(self, owner: Allocation, report: Report) -> str | None:
         if "/" not in owner.podref:
@@ -119,8 +136,11 @@ class Reconciler:
                 self.on_finding(
                     Finding("allocation", pool.name, str(net.network_address + int(key)), owner, reason)
                 )
-        if doomed and not self.dry_run:
-            report.freed += self._release(pool, doomed, report)
+        freed = self._release(pool, doomed, report) if doomed and not self.dry_run else 0
+        report.freed += freed
+        lo, hi = usable_bounds(net)  # the pool as this run leaves it (no request made for the metrics)
+        size = max(hi - lo + 1, 0)
+        metrics.sink().pool(metrics.STORE.get(), pool.name, len(pool.allocations) - freed, size)
 
     def _release(self, pool: Pool, doomed: dict[str, Allocation], report: Report) -> int:
         for _ in range(CAS_TRIES):
@@ -133,6 +153,7 @@ class Reconciler:
                 self.store.commit_pool(pool, PoolUpdate(remove=remove))
                 return len(remove)
             except Conflict:
+                metrics.conflict("pool")
                 fresh = self.store.get_pool(pool.name)
                 if fresh is None:
                     return 0
@@ -175,6 +196,7 @@ class Reconciler:
             self.store.delete_reservation(res)
             report.freed += 1
         except Conflict:
+            metrics.conflict("reservation")
             report.skipped += 1  # changed since it was read: judged again next run
 
 

@@ -5,7 +5,10 @@ and `Again` (try a new candidate at once) without sleeping.
 A conflict is progress: another writer committed. So conflicts are retried while they keep coming,
 up to `limit` (upstream whereabouts' ADD time limit): 200 racers on one pool of a cluster store
 commit one after another, and the last must not give up while the queue ahead of it drains. Anything
-else (candidates taken again and again, the store down) is bounded by `deadline`."""
+else (candidates taken again and again, the store down) is bounded by `deadline`.
+
+Every conflict and every attempt run again is counted (cni.metrics: a no-op outside the agent and the
+reconciler), labelled with the store of the IPAM call in progress."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import random
 import time
 from collections.abc import Callable
 
+from cni import metrics
 from cni.errors import TryAgainError
 from cni.types.record import field, record
 from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
@@ -44,21 +48,26 @@ def retrying[T](policy: Retry, what: str, attempt: Callable[[], T]) -> T:
         except Again:
             if clock() - progress > policy.deadline or clock() - start > policy.limit:
                 raise TryAgainError(f"{what}: gave up: candidates keep being taken elsewhere") from None
+            metrics.retry("again")
             continue
         except Conflict:
             conflicts += 1
             progress = clock()
+            metrics.conflict("pool")
             if progress - start > policy.limit:
                 raise TryAgainError(
                     f"{what}: gave up after {conflicts} conflicting writes in {policy.limit:g}s"
                 ) from None
+            metrics.retry("conflict")
         except StoreBusy:
             conflicts += 1
             if clock() - start > policy.deadline:
                 raise
+            metrics.retry("busy")
         except StoreUnavailable:
             down_since = clock() if down_since is None else down_since
             if clock() - down_since >= policy.outage or clock() - start > policy.deadline:
                 raise
             conflicts += 1
+            metrics.retry("unavailable")
         policy.sleep(policy.rand() * min(policy.cap, policy.base * 2 ** min(conflicts, 16)))

@@ -42,10 +42,13 @@ def connectable(path: Path) -> bool:
 
 
 class Agent:
-    """One agent process on `sock`, logging to `log` (appended across restarts)."""
+    """One agent process on `sock`, logging to `log` (appended across restarts). Its metrics endpoint is
+    on a free port of 127.0.0.1 (never the node default, which another agent may hold): `metrics_url`."""
 
     def __init__(self, sock: Path, log: Path, *args: str) -> None:
-        self.sock, self.log, self.args = sock, log, args
+        self.sock, self.log = sock, log
+        has_metrics = any(a == "--metrics" or a.startswith("--metrics=") for a in args)
+        self.args = args if has_metrics else ("--metrics=127.0.0.1:0", *args)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Agent:
@@ -79,6 +82,12 @@ class Agent:
         rc = self.proc.wait(timeout)
         self.proc = None
         return rc
+
+    def metrics_url(self) -> str:
+        """The endpoint of the running agent (the last 'metrics on URL' line of its log)."""
+        lines = [x for x in self.log.read_text(errors="replace").splitlines() if ": metrics on http" in x]
+        assert lines, f"no metrics endpoint in the agent's log: {self.log.read_text(errors='replace')}"
+        return lines[-1].rsplit(" ", 1)[1]
 
     def served(self, what: str = "") -> list[str]:
         """Log lines of served requests ('served <plugin> <COMMAND> rc=N ...'), optionally filtered."""

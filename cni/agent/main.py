@@ -1,16 +1,25 @@
 """`pycni-agent`: the node-local agent (cni.agent.server) as a command. Runs in the DaemonSet next to
 the installer; SIGTERM or SIGINT stops accepting at once (the socket is removed, new calls run
-in-process) and lets the requests in flight finish."""
+in-process) and lets the requests in flight finish. Prometheus metrics (cni.exporter) are served on
+--metrics (default 127.0.0.1:9736, PYCNI_METRICS overrides the default, `off` disables them)."""
 
 from __future__ import annotations
 
 import argparse
 import faulthandler
+import os
 import signal
 import sys
+import threading
+import time
 from typing import Any
 
 from cni.agent.client import DEFAULT_SOCKET
+from cni.metrics import parse_address
+
+METRICS_ENV = "PYCNI_METRICS"
+DEFAULT_METRICS = "127.0.0.1:9736"  # == cni.exporter.default_address(AGENT), without importing it
+BIND_RETRY = 5.0  # seconds between attempts to bind a metrics address that was taken
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -21,7 +30,52 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help="requests executed at once; more are refused and run in-process (default 128)")
     ap.add_argument("--grace", type=float, default=30.0,
                     help="seconds to let requests in flight finish on SIGTERM (default 30)")
+    ap.add_argument("--metrics", default=os.environ.get(METRICS_ENV) or DEFAULT_METRICS, metavar="ADDR",
+                    type=metrics_address,
+                    help="serve Prometheus metrics on HOST:PORT (port 0: any free one), or `off` "
+                         f"(default {DEFAULT_METRICS}, or ${METRICS_ENV})")
     return ap.parse_args(argv)
+
+
+def metrics_address(text: str) -> tuple[str, int] | None:
+    try:
+        return parse_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def serve_metrics(where: tuple[str, int] | None, build: str, every: float = BIND_RETRY) -> None:
+    """Install the exporter and serve it. The agent is there for the calls, so an address that cannot
+    be bound is not fatal: it is logged and tried again every `every` seconds in the background (a
+    port still held by the agent being replaced, say), and the hooks count meanwhile."""
+    from cni.agent.server import say
+
+    if where is None:
+        say("metrics off")
+        return
+    try:
+        from cni.exporter import AGENT, install, url
+    except ImportError as e:  # a bundle built without prometheus_client: serve the calls all the same
+        say(f"metrics not available in this build: {e}")
+        return
+    exporter = install(AGENT, build)
+
+    def bind(first: bool) -> bool:
+        try:
+            say(f"metrics on {url(*exporter.serve(*where))}")
+            return True
+        except OSError as e:
+            if first:
+                say(f"metrics not served on {where[0]}:{where[1]}: {e.strerror or e}; trying again every "
+                    f"{every:g} s")
+            return False
+
+    def keep_trying() -> None:
+        while not bind(first=False):
+            time.sleep(every)
+
+    if not bind(first=True):
+        threading.Thread(target=keep_trying, name="metrics-bind", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         say(f"cannot serve {args.socket}: {e.strerror or e}")
         return 1
+    serve_metrics(args.metrics, build_id())
 
     def stop(*_: Any) -> None:
         agent.stop()

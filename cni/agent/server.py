@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from cni import metrics
 from cni.agent import proto
 
 READ_TIMEOUT = 5.0  # to read a request once connected
@@ -71,6 +72,20 @@ def enter_caller(job: Job) -> None:
     os.fchdir(cwd_fd)
     os.umask(job.umask)
     os.setns(netns_fd, netns.CLONE_NEWNET)
+
+
+def error_code(rc: int, out: bytes) -> int:
+    """The CNI code of an answer: 0 for success, the error object's code, else 999."""
+    if rc == 0:
+        return 0
+    from cni import jsonio
+    from cni.errors import DecodeError
+
+    try:
+        code = jsonio.loads(out).get("code")
+    except (DecodeError, AttributeError):
+        code = None
+    return code if isinstance(code, int) else 999
 
 
 def execute(job: Job) -> tuple[int, bytes]:
@@ -171,16 +186,22 @@ class Agent:
     def stop(self) -> None:
         self.stopping.set()
 
-    def _admit(self, job: Job) -> str | None:
+    def _admit(self, job: Job) -> tuple[str, str] | None:
+        """None when admitted, else (reason for the metrics, what the shim is told)."""
         with self.lock:
             if self.stopping.is_set():
-                return "the agent is stopping"
+                return "stopping", "the agent is stopping"
             if job.build != self.build:
-                return f"build {job.build} != agent build {self.build}"
+                return "build", f"build {job.build} != agent build {self.build}"
             if self.inflight >= self.max_inflight:
-                return f"busy ({self.inflight} requests in flight)"
+                return "busy", f"busy ({self.inflight} requests in flight)"
             self.inflight += 1
+            metrics.sink().inflight(self.inflight)
             return None
+
+    def _refuse(self, conn: socket.socket, reason: str, why: str) -> None:
+        metrics.sink().refused(reason)
+        proto.send(conn, proto.REFUSED, why.encode())
 
     def _connection(self, conn: socket.socket) -> None:
         reader = proto.Reader(conn)
@@ -199,19 +220,20 @@ class Agent:
         uid = proto.peer_uid(conn)
         if uid not in self.allowed_uids:
             say(f"refused a caller with uid {uid}")
-            proto.send(conn, proto.REFUSED, b"only root may use the agent")
+            self._refuse(conn, "uid", "only root may use the agent")
             return
         conn.settimeout(READ_TIMEOUT)
         job = read_job(reader)
         refusal = self._admit(job)
         if refusal is not None:
-            proto.send(conn, proto.REFUSED, refusal.encode())
+            self._refuse(conn, *refusal)
             return
         try:
             self._run(conn, reader, job)
         finally:
             with self.lock:
                 self.inflight -= 1
+                metrics.sink().inflight(self.inflight)
 
     def _run(self, conn: socket.socket, reader: proto.Reader, job: Job) -> None:
         proto.send(conn, proto.READY)
@@ -219,21 +241,23 @@ class Agent:
         try:
             reader.expect(proto.GO)
         except TimeoutError:
-            proto.send(conn, proto.REFUSED, b"no GO in time")
+            self._refuse(conn, "go", "no GO in time")
             return
         try:
             enter_caller(job)
         except OSError as e:  # nothing executed yet: the shim runs it in-process
-            proto.send(conn, proto.REFUSED, f"cannot enter the caller's context: {e.strerror}".encode())
+            self._refuse(conn, "context", f"cannot enter the caller's context: {e.strerror}")
             return
         conn.settimeout(None)
         started = time.monotonic()
         rc, out = execute(job)
         command = job.env.get("CNI_COMMAND", "")
         proto.send(conn, proto.ANSWER, str(rc).encode() + b"\0" + out)
+        took = time.monotonic() - started
         with self.lock:
             self.served += 1
-        say(f"served {job.plugin} {command} rc={rc} in {(time.monotonic() - started) * 1000:.1f} ms")
+        metrics.sink().attach(job.plugin, command, took, error_code(rc, out))
+        say(f"served {job.plugin} {command} rc={rc} in {took * 1000:.1f} ms")
 
 
 def warm() -> None:

@@ -62,7 +62,7 @@ class Node:
         agent = agentutil.Agent(sock, log)
         with open(log, "ab") as fh:
             agent.proc = subprocess.Popen(
-                self.command(*agentutil.command(), "--socket", str(sock)), stdout=fh, stderr=fh,
+                self.command(*agentutil.command(), "--socket", str(sock), *agent.args), stdout=fh, stderr=fh,
                 env={**os.environ, "PYTHONPATH": str(REPO)}, cwd="/")
         deadline = time.monotonic() + agentutil.START_TIMEOUT
         while not agentutil.connectable(sock):

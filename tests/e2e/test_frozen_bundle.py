@@ -69,7 +69,8 @@ def test_agent_loads_pyroute2_messages_without_the_package_init(cni_bin: Path, t
     """pyroute2 is the codec of SR-IOV VF lists; the agent warms it up (cni.agent.server.warm)."""
     trace, sock = tmp_path / "trace", tmp_path / "run" / "agent.sock"
     agent = subprocess.Popen(["strace", "-f", "-e", "trace=openat", "-o", str(trace),
-                              str(cni_bin / "pycni-agent"), "--socket", str(sock)],
+                              str(cni_bin / "pycni-agent"), "--socket", str(sock),
+                              "--metrics=127.0.0.1:0"],  # any free port: never the node default
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60

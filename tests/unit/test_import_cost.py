@@ -18,7 +18,9 @@ from cni import jsonio
 FULL_PYROUTE2 = ("pyroute2", "pyroute2.iproute", "pyroute2.ndb", "asyncio", "pyroute2.netlink.nlsocket")
 # Never on a macvlan call: dataclasses (and the inspect it imports) is replaced by cni.types.record;
 # multiprocessing and platform come with pyroute2.config, which cni.netlink.codec stands in for.
-PER_CALL_NEVER = ("dataclasses", "inspect", "multiprocessing", "platform", "pyroute2.config")
+# prometheus_client (and cni.exporter, its only importer) belong to the agent and the reconciler.
+PER_CALL_NEVER = ("dataclasses", "inspect", "multiprocessing", "platform", "pyroute2.config",
+                  "prometheus_client", "cni.exporter")
 ENV_ADD = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth1", "CNI_PATH": "/usr/lib/cni"}
 
 

@@ -134,7 +134,7 @@ def test_daemonset_runs_the_agent_with_the_host_paths_it_serves() -> None:
         assert mounts[path]["mountPropagation"] == "HostToContainer"
     from cni.agent import client, main
 
-    args = main.parse(agent["command"][1:])
+    args = main.parse([expand(a, {"POD_IP": "198.51.100.7"}) for a in agent["command"][1:]])
     assert args.socket == client.DEFAULT_SOCKET
     assert os.path.dirname(args.socket) in {m["mountPath"] for m in agent["volumeMounts"]}
     assert args.grace < spec["terminationGracePeriodSeconds"]
@@ -192,3 +192,56 @@ def test_every_command_names_an_entry_of_the_bundle() -> None:
         assert str(exe.parent) == IMAGE_ROOT, cmd
         name = exe.name
         assert name in entries() or name in PENDING_ENTRIES, f"{name} is not a bundle entry"
+
+
+def expand(arg: str, env: dict[str, str]) -> str:
+    """$(VAR) references of a container command, as the kubelet expands them."""
+    for name, val in env.items():
+        arg = arg.replace(f"$({name})", val)
+    return arg
+
+
+def scrape_annotations(kind: str) -> tuple[str, int, str]:
+    notes = by_kind(kind)[0]["spec"]["template"]["metadata"]["annotations"]
+    return notes["prometheus.io/scrape"], int(notes["prometheus.io/port"]), notes["prometheus.io/path"]
+
+
+def metrics_port(c: dict[str, Any]) -> int:
+    ports = [p for p in c.get("ports", []) if p["name"] == "metrics"]
+    assert len(ports) == 1 and ports[0]["protocol"] == "TCP", c.get("ports")
+    port: int = ports[0]["containerPort"]
+    return port
+
+
+@pytest.mark.parametrize("node_ip", ["198.51.100.7", "2001:db8::7"])
+def test_agent_serves_metrics_on_the_node_address_the_daemonset_declares(node_ip: str) -> None:
+    """hostNetwork: the pod IP is the node's; the agent binds it (either family), on the port the
+    container and the scrape annotations declare."""
+    from cni.agent import main
+
+    agent = next(c for c in by_kind("DaemonSet")[0]["spec"]["template"]["spec"]["containers"]
+                 if c["name"] == "agent")
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in agent["env"]}
+    assert env == {"POD_IP": "status.podIP"}
+    args = main.parse([expand(a, {"POD_IP": node_ip}) for a in agent["command"][1:]])
+    assert args.metrics == (node_ip, metrics_port(agent))
+    assert scrape_annotations("DaemonSet") == ("true", metrics_port(agent), "/metrics")
+
+
+def test_reconciler_serves_metrics_where_the_deployment_declares() -> None:
+    from ipam import cli as ipam_cli
+
+    c = container("Deployment")
+    args = ipam_cli.parser().parse_args(c["command"][1:])
+    assert args.interval > 0, "metrics are served by a reconciler that keeps running"
+    assert args.metrics == ("0.0.0.0", metrics_port(c))  # the pod's own network
+    assert scrape_annotations("Deployment") == ("true", metrics_port(c), "/metrics")
+
+
+def test_metrics_defaults_are_the_exporters() -> None:
+    from cni import exporter
+    from cni.agent import main
+    from ipam import cli as ipam_cli
+
+    assert exporter.default_address(exporter.AGENT) == main.DEFAULT_METRICS
+    assert exporter.default_address(exporter.RECONCILER) == ipam_cli.DEFAULT_METRICS
