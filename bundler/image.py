@@ -77,7 +77,7 @@ def libraries(layout: Path) -> list[str]:
                 found.add(m.group(1))
     if not found:
         raise RuntimeError(f"ldd found no libraries for {layout}: not a dynamically linked bundle?")
-    libc_dir = Path(os.path.realpath(next(p for p in found if Path(p).name == "libc.so.6"))).parent
+    libc_dir = Path(next(p for p in found if Path(p).name == "libc.so.6")).parent
     for name in DLOPENED:
         if not (libc_dir / name).exists():
             raise RuntimeError(f"{libc_dir / name} missing (Debian: apt-get install libgcc-s1)")
