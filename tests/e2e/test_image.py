@@ -46,7 +46,6 @@ from tests.unit import test_manifests as tm
 
 NODE, NAMESPACE = "node-image-test", "pycni-system"  # the downward API values the DaemonSet reads
 FIELDS = {"spec.nodeName": NODE, "metadata.namespace": NAMESPACE}
-SHARED_HOST_PATHS = {"/var/run/netns"}  # see the module docstring
 START_TIMEOUT = 120.0  # a container start plus an install pass on a loaded 2-core machine
 
 
@@ -171,17 +170,17 @@ def run_options(spec: dict[str, Any], c: dict[str, Any], host: Callable[[str], P
 
 @dataclass
 class HostDirs:
-    """The node's directories, as directories of the test's own (DirectoryOrCreate: made on demand)."""
+    """The node's directories, as directories of the test's own (DirectoryOrCreate: made on demand),
+    but for `shared`, used as they are (the agent's /var/run/netns, see the module docstring)."""
 
     root: Path
-    made: dict[str, Path] = field(default_factory=dict)
+    shared: frozenset[str] = frozenset()
 
     def __call__(self, path: str) -> Path:
-        if path in SHARED_HOST_PATHS:
+        if path in self.shared:
             return Path(path)
         d = self.root / path.strip("/").replace("/", "_")
         d.mkdir(parents=True, exist_ok=True)
-        self.made[path] = d
         return d
 
 
@@ -321,7 +320,7 @@ def test_agent_container_serves_a_plugin_call_made_on_the_host(images: Images, t
                                                                tmp_path: Path) -> None:
     pm, spec = images.podman, pod_spec()
     c = container_of(spec, "agent")
-    host = HostDirs(tmp_path)
+    host = HostDirs(tmp_path, shared=frozenset({"/var/run/netns"}))
     opts = run_options(spec, c, host)
     shutil.copytree(images.layout, host("/opt/cni/bin"), symlinks=True, dirs_exist_ok=True)
     name = f"{RUN}-agent"
