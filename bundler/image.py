@@ -33,6 +33,7 @@ from bundler import build, manifest
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "bundler" / "Dockerfile"
+NAME = "pycni"
 IMAGE_LAYOUT = "dist/cni-bin"  # where the Dockerfile COPYs from, relative to the build context
 DLOPENED = ("libgcc_s.so.1",)  # glibc loads it at run time (pthread_exit/cancel unwinding)
 # The base the Dockerfile names for a registry build is made of these Debian packages; every library
@@ -168,6 +169,11 @@ def build_image(layout: Path, tag: str, workdir: Path, podman: list[str] | None 
     return Built(tag=tag, base=base, build=m.build)
 
 
+def default_tag(version: str) -> str:
+    """The image bundler/manifests deploy (kustomization `images: name`, `newTag` = the version)."""
+    return f"{NAME}:{version}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bundler.image", description=__doc__.split("\n\n")[0])
     ap.add_argument("--layout", type=Path, default=REPO / "dist" / "cni-bin", help="the cni-bin layout")
@@ -176,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=REPO / "build" / "image")
     args = ap.parse_args(argv)
     layout: Path = args.layout.resolve()
-    tag = args.tag or f"pycni:{manifest.load(layout / manifest.FILENAME).version}"
+    tag = args.tag or default_tag(manifest.load(layout / manifest.FILENAME).version)
     built = build_image(layout, tag, args.workdir.resolve())
     if args.save:
         args.save.unlink(missing_ok=True)

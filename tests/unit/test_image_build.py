@@ -1,6 +1,6 @@
 """bundler/image.py without podman: the Dockerfile takes its base as an argument (so the offline build
 runs the very file registry users build), host libraries are copied with every symlink on their path
-(merged /usr), and the base tarball is reproducible."""
+(merged /usr), the base tarball is reproducible, and `make image` tags what the manifests deploy."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
-from bundler import image
+from bundler import build, image
+from tests.unit import test_manifests as tm
 
 LOADER = Path("/lib64/ld-linux-x86-64.so.2")
 
@@ -51,3 +53,12 @@ def test_base_tarball_is_reproducible_and_owned_by_root(tmp_path: Path) -> None:
     assert [m.name for m in members] == ["etc", "etc/passwd", "lib"]
     assert all(m.uid == m.gid == 0 and m.mtime == 0 for m in members)
     assert members[2].issym() and members[2].linkname == "usr/lib"
+
+
+def test_make_image_tags_the_image_the_manifests_deploy() -> None:
+    kust = yaml.safe_load((tm.MANIFESTS / "kustomization.yaml").read_text())
+    [deployed] = kust["images"]
+    assert image.default_tag(build.version()) == f"{deployed['name']}:{deployed['newTag']}"
+    for kind in ("DaemonSet", "Deployment"):
+        for c in tm.by_kind(kind)[0]["spec"]["template"]["spec"]["containers"]:
+            assert c["image"] == image.default_tag(build.version()), (kind, c["name"])
