@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv deps lint typecheck unit e2e test demo bench bench-bundle bench-ipam bench-ipam-scale bench-warm driver bundle clean fuzz
+.PHONY: all venv deps lint typecheck unit e2e test demo bench bench-bundle bench-ipam bench-ipam-scale bench-warm driver bundle image clean fuzz
 all: venv
 
 $(STAMP): pyproject.toml
@@ -29,6 +29,11 @@ $(VENV)/bin/cnidriver: tests/e2e/driver/main.go tests/e2e/driver/build.sh | venv
 # The frozen multicall bundle and the ready CNI_PATH dir dist/cni-bin (bundler/build.py).
 bundle: venv
 	$(PY) -m bundler.build
+
+# The image, offline with podman: a base of exactly the system libraries the bundle loads, then
+# bundler/Dockerfile on it (bundler/image.py). SAVE=dist/pycni.tar also writes a docker-archive.
+image: deps bundle
+	$(PY) -m bundler.image $(if $(SAVE),--save $(SAVE))
 
 lint: venv
 	$(VENV)/bin/ruff check cni ipam bundler tests
