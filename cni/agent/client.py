@@ -90,12 +90,21 @@ def exchange(path: str, plugin: str, build: str, bundle: str, stdin: bytes) -> t
                 raise Unreachable(f"agent refused: {payload.decode(errors='replace')}")
             proto.send(sock, proto.GO)
         except (OSError, proto.ProtocolError) as e:
-            raise Unreachable(f"agent: {e}") from None
+            raise Unreachable(_refusal(reader) or f"agent: {e}") from None
         return _answer(sock, reader)
     finally:
         os.close(fds[0])
         os.close(fds[2])
         sock.close()
+
+
+def _refusal(reader: proto.Reader) -> str:
+    """The agent's refusal, if it sent one before closing (our send then fails with a broken pipe)."""
+    try:
+        kind, payload = reader.expect(proto.REFUSED)
+    except (OSError, proto.ProtocolError):
+        return ""
+    return f"agent refused: {payload.decode(errors='replace')}" if kind == proto.REFUSED else ""
 
 
 def _answer(sock: socket.socket, reader: proto.Reader) -> tuple[int, bytes]:
