@@ -8,7 +8,8 @@ milliseconds to import, where a client library's stack (urllib3, requests) costs
   a request on a fresh connection is never sent twice by this layer (a write is never repeated).
 - TLS: the caller's ssl.SSLContext; `server_name` overrides the name checked and sent in SNI.
 - Proxy: an `http://` proxy tunnels (CONNECT) to an https server and forwards plain http.
-Errors are OSError, ssl.SSLError and http.client.HTTPException, for the caller to map."""
+Errors are OSError (SlowAnswer: a timeout waiting for the answer), ssl.SSLError and
+http.client.HTTPException, for the caller to map."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ import http.client
 import socket
 import ssl
 from urllib.parse import urlsplit
+
+
+class SlowAnswer(TimeoutError):
+    """No answer within the read timeout from a server that accepted the connection and the request:
+    a busy server (an outage fails to connect instead). The request may or may not have been applied."""
 
 
 class _TLSConnection(http.client.HTTPSConnection):
@@ -86,6 +92,9 @@ class Connection:
                 self.close()
                 if not reused or attempt:
                     raise
+            except TimeoutError as e:  # connected, the request sent: the server is slow to answer
+                self.close()
+                raise SlowAnswer(*e.args) from None
             except BaseException:
                 self.close()
                 raise

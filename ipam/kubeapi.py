@@ -25,13 +25,13 @@ import os
 import shutil
 import ssl
 import tempfile
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
 
 from cni import jsonio
 from cni.errors import ConfigError
-from ipam.httpconn import Connection, describe
+from cni.types.record import field, record
+from ipam.httpconn import Connection, SlowAnswer, describe
 
 DEFAULT_NAMESPACE = "kube-system"  # upstream whereabouts' default (wbNamespaceFromCtx)
 TIMEOUT = (3.0, 10.0)  # connect, read: seconds per request
@@ -50,7 +50,11 @@ class Unreachable(Exception):
     """No answer: connection refused, TLS failure, timeout."""
 
 
-@dataclass
+class Busy(Unreachable):
+    """The server took the request but did not answer within the read timeout (overloaded)."""
+
+
+@record(frozen=False)
 class KubeConfig:
     """What one context of a kubeconfig says; data fields already decoded to PEM text."""
 
@@ -263,6 +267,8 @@ class Client:
             data = body if isinstance(body, bytes) else jsonio.dumps(body)
         try:
             return self.http.request(method, target, data, headers)
+        except SlowAnswer as e:
+            raise Busy(f"{self.conf.server}: {describe(e)}") from None
         except (OSError, http.client.HTTPException) as e:
             raise Unreachable(f"{self.conf.server}: {describe(e)}") from None
 

@@ -9,7 +9,8 @@ for one attempt (read, reservations, write), never during a backoff, and is rele
 a process dies holding it.
 
 Waiting is bounded the way conflicts are (ipam.retry): waiting behind writers that make progress is fine
-for up to LIMIT, but a holder that makes no progress for PATIENCE (hung) ends the wait with code 11.
+for up to LIMIT, but a holder that makes no progress for PATIENCE (hung: 60 s, longer than one
+attempt of a live holder on an overloaded API server) ends the wait with code 11.
 Progress is a counter in the lock file that every holder increments. A plugin process (main thread)
 blocks in flock and is woken by the kernel the moment the lock is free, with a timer to look at the
 counter; other threads (the agent's, where only one thread per pool and process ever waits) poll.
@@ -33,7 +34,9 @@ from collections.abc import Iterator
 from cni import log
 from cni.errors import TryAgainError
 
-PATIENCE = 10.0  # seconds without any holder making progress before a waiter gives up
+# seconds without any holder making progress before a waiter gives up: longer than one attempt of a
+# live holder can take on an overloaded API server (a few requests, each up to its 10 s read timeout)
+PATIENCE = 60.0
 LIMIT = 120.0  # absolute bound on one wait (upstream whereabouts' ADD limit)
 POLL = (0.001, 0.02)  # first and longest sleep between tries when polling, seconds
 

@@ -6,13 +6,13 @@ new access fails the tests until it is declared here and granted there. No wildc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from cni.types.record import record
 
 WHEREABOUTS = "whereabouts.cni.cncf.io"
 NODE, RECONCILER = "node", "reconciler"
 
 
-@dataclass(frozen=True)
+@record
 class Rule:
     group: str  # "" is the core API group
     resource: str

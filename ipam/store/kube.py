@@ -11,9 +11,10 @@ owner references) is never rewritten. A failed guard is 422 -> Conflict. Reserva
 compare-and-swap on resourceVersion (PUT; DELETE with a precondition).
 
 Errors: no answer, a timeout, 401/403 (after one re-read of the token file), 429 and 5xx are
-StoreUnavailable (code 11); 404 is "absent". Lists page with `limit`/`continue`. Every request is
-checked against ipam.rbac first (the role this process acts as), so an access that the manifests
-do not grant fails in tests, not in a cluster."""
+StoreUnavailable (code 11); 429, 504 and an answer that does not come within the read timeout are
+StoreBusy (an overloaded server: retried for the whole deadline); 404 is "absent". Lists page
+with `limit`/`continue`. Every request is checked against ipam.rbac first (the role this process
+acts as), so an access that the manifests do not grant fails in tests, not in a cluster."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from cni import jsonio
 from cni.errors import CniError, Code
 from ipam import kubeapi, rbac
 from ipam.config import StoreConfig
-from ipam.kubeapi import ApiError, Client, Unreachable
+from ipam.kubeapi import ApiError, Busy, Client, Unreachable
 from ipam.store import crd
 from ipam.store.base import (
     Allocation,
@@ -80,6 +81,8 @@ class KubeStore:
         what = f"{verb} {resource}/{name}" if name else f"{verb} {resource}"
         try:
             return self.client.request(method, path, body, query, JSON_PATCH if verb == "patch" else "")
+        except Busy as e:  # a write may have been applied: retrying is safe (guarded patches, CAS)
+            raise StoreBusy(f"kubernetes: {what}: {e}") from None
         except Unreachable as e:
             raise StoreUnavailable(f"kubernetes: {what}: {e}") from None
         except ApiError as e:

@@ -11,7 +11,6 @@ other Kubernetes tests share.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from cni.types import record
 from ipam import rbac
 from ipam.kubeapi import ApiError, Client, load_kubeconfig
 from ipam.store.base import Store
@@ -51,7 +51,7 @@ def unreachable_kubeconfig(tmp: Path) -> Path:
 def open_kube(kubeconfig: Path, role: str = rbac.NODE, namespace: str = "", page: int = PAGE) -> KubeStore:
     conf = load_kubeconfig(str(kubeconfig))
     if namespace:
-        conf = dataclasses.replace(conf, namespace=namespace)
+        conf = record.replace(conf, namespace=namespace)
     return KubeStore(Client(conf), conf.namespace, role=role, page=page)
 
 
