@@ -8,7 +8,8 @@
                                  with --interval, Prometheus metrics on ADDR (default 127.0.0.1:9737)
 
 The store is the one the flat file names (as the plugin finds it), or the one in --config (a conflist,
-a conf, or a bare ipam object), or the local database given by --local-db."""
+a conf, or a bare ipam object), or the local database given by --local-db. A local database must
+exist: the tool never creates one (a mistyped path is an error, not an empty table)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,11 @@ METRICS_ENV = "PYCNI_METRICS"
 DEFAULT_METRICS = "127.0.0.1:9737"  # == cni.exporter.DEFAULT_PORTS[RECONCILER]
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ipam", description="pycni IPAM operator tool")
+PROG = "pycni-ipam"  # the bundle's entry; `python -m ipam` passes its own
+
+
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="pycni IPAM operator tool")
     p.add_argument("--config", help="conflist, conf, or ipam object naming the store")
     p.add_argument("--local-db", help="use this local (SQLite) database")
     sub = p.add_subparsers(dest="command", required=True)
@@ -90,6 +94,15 @@ def store_config(args: argparse.Namespace) -> config.StoreConfig:
         section = raw.get("ipam", raw) if isinstance(raw, dict) else {}
     _, flat = config.read_flat_file(section)
     return config.store_config(config.merge(section, flat))
+
+
+def require_existing(conf: config.StoreConfig, args: argparse.Namespace) -> None:
+    """The tool reads an existing store: opening a local database that is not there would create an
+    empty one (and its directory), so a mistyped path would print an empty table and exit 0."""
+    if conf.datastore != "local" or os.path.lexists(conf.local_db):
+        return
+    where = "--local-db" if args.local_db else f"local_db (from {args.config or 'the flat file'})"
+    raise ConfigError(f"{where}: no database at {conf.local_db} (the plugin creates it on its first ADD)")
 
 
 def total(rng: str) -> int:
@@ -231,14 +244,15 @@ def table(rows: Sequence[tuple[str, ...]], out: TextIO) -> None:
         out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
 
 
-def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
+def main(argv: list[str] | None = None, out: TextIO = sys.stdout, prog: str = PROG) -> int:
     from ipam import rbac
 
-    args = parser().parse_args(argv)
+    args = parser(prog).parse_args(argv)
     previous = rbac.acting()
     rbac.act_as(rbac.RECONCILER)  # the operator tool and the reconciler share one service account
     try:
         conf = store_config(args)
+        require_existing(conf, args)
         from ipam.store.select import open_store
 
         store = open_store(conf)

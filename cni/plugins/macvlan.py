@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 MODES = ("bridge", "private", "vepa", "passthru")
 MIN_MTU = 68
+MAX_MTU = 65535  # no master has more; the real upper bound, the master's MTU, is checked at ADD
+MTU_RULE = f"must be between {MIN_MTU} and the master's MTU (0 or absent: the master's MTU)"
 
 
 @record
@@ -46,9 +48,9 @@ class MacvlanConf:
     def from_request(req: Request) -> MacvlanConf:
         c = req.conf
         mac = f.mac(c["mac"], "mac") if c.get("mac") not in (None, "") else None
-        mtu = f.int_range(c, "mtu", "", 0, 65535, 0)
-        if 0 < mtu < MIN_MTU:
-            raise ConfigError(f"mtu: {mtu} is below the minimum of {MIN_MTU}")
+        mtu = f.opt(c, "mtu", int, "", 0)
+        if mtu and not MIN_MTU <= mtu <= MAX_MTU:
+            raise ConfigError(f"mtu: {mtu} out of range: {MTU_RULE}")
         master = f.opt(c, "master", str, "", "")
         problem = skel.ifname_problem(master) if master else None
         if problem:
@@ -101,7 +103,10 @@ def add(req: Request) -> Result:
 def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl: Netlink) -> Result:
     master = find_master(master_nl, conf, req)
     if conf.mtu > master.mtu:
-        raise ConfigError(f"mtu: {conf.mtu} is larger than the MTU of master {master.name} ({master.mtu})")
+        raise ConfigError(
+            f"mtu: {conf.mtu} is larger than the MTU of master {master.name}: must be between {MIN_MTU} "
+            f"and {master.mtu} (0 or absent: {master.mtu})"
+        )
     if links.get(pod_nl, req.ifname) is not None:
         raise InterfaceExistsError(f'CNI_IFNAME "{req.ifname}" already exists in {req.netns}')
     tmp = temp_name(req)

@@ -116,7 +116,8 @@ def test_frozen_installer_installs_its_own_bundle(cni_bin: Path, tmp_path: Path)
 def test_upgrade_storm_with_the_frozen_bundle(cni_bin: Path, tmp_path: Path) -> None:
     b = variant(cni_bin, tmp_path / "b", manifest.load(cni_bin / manifest.FILENAME).version + "+storm")
     storm = upgrade_storm.run((cni_bin, b), tmp_path / "bin", tmp_path / "conf", "macvlan", grace=10)
-    assert storm.calls == 1000 and storm.upgrades == 20
+    assert storm.upgrades == 20, storm.unfinished(20)
+    assert storm.calls >= 1000
     assert not storm.failures, storm.failures
     assert storm.switches == 20 and storm.expired > 0
     install.uninstall(cli.options(cli.parse(

@@ -244,3 +244,35 @@ def test_run_forever_runs_until_stopped_and_survives_a_failed_run(db: str) -> No
 
     run_forever(make, 0.01, stop, reports.append)
     assert calls == 3 and len(reports) == 2 and all(r.found == 8 for r in reports)
+
+
+def test_cli_never_creates_a_missing_database(tmp_path: Path) -> None:
+    """A mistyped --local-db (or local_db in --config) is an error naming it; nothing is created."""
+    missing = tmp_path / "typo" / "ipam.db"
+    commands = (["pools"], ["show", "blue-198.51.100.0-24"], ["release", "p", "198.51.100.2", "--yes"],
+                ["reconcile", "--pods", f"file:{tmp_path / 'pods.json'}", "--dry-run"])
+    for command in commands:
+        rc, out, err = run_cli("--local-db", str(missing), *command)
+        assert (rc, out) == (2, ""), (command, out, err)
+        assert f"--local-db: no database at {missing}" in err, (command, err)
+    conf = tmp_path / "net.conf"
+    flat = tmp_path / "flat.conf"
+    flat.write_text("{}")
+    conf.write_bytes(jsonio.dumps({"type": "whereabouts", "local_db": str(missing),
+                                   "configuration_path": str(flat)}))
+    rc, out, err = run_cli("--config", str(conf), "pools")
+    assert rc == 2 and f"local_db (from {conf}): no database at {missing}" in err, err
+    assert not (tmp_path / "typo").exists()
+
+
+def test_help_names_the_command_it_was_run_as(capsys: pytest.CaptureFixture[str]) -> None:
+    """The bundle entry `pycni-ipam` (cni.__main__ dispatching on argv[0], exactly as frozen) and
+    `python -m ipam` each show their own name in the usage line."""
+    from cni.__main__ import main as multicall
+
+    with pytest.raises(SystemExit) as done:
+        multicall(["/opt/cni/bin/pycni-ipam", "--help"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: pycni-ipam ")
+    rc, out, _ = run_cli("--help")
+    assert rc == 0 and out.startswith("usage: python -m ipam "), out
