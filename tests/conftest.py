@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,6 +60,34 @@ def _no_leftovers() -> Iterator[None]:
         left = nsutil.leftovers()
         nsutil.cleanup_run()
         assert not left, f"tests left behind namespaces/links: {left}"
+
+
+def default_paths(root: str = "/") -> set[str]:
+    """The product's default state paths on a node that exist now: the local store (with its -wal, -shm
+    and journal), the cluster stores' pool locks and etcd token cache beside it, the device plugins'
+    state dir (attachments, owners, locks), the agent's default socket dir, the flat file dirs. Tests
+    inject their own paths; none of these may appear during a session. `root`: another tree (tests)."""
+    from cni.agent.client import DEFAULT_SOCKET
+    from cni.device.store import DEFAULT_DIR
+    from ipam.config import DEFAULT_LOCAL_DB, FLAT_FILES
+
+    top = os.path.dirname(DEFAULT_LOCAL_DB)
+    fixed = [top, *(DEFAULT_LOCAL_DB + s for s in ("", "-wal", "-shm", "-journal")), f"{top}/pool-locks",
+             DEFAULT_DIR, *(f"{DEFAULT_DIR}/{sub}" for sub in ("attachments", "owners", "locks")),
+             os.path.dirname(DEFAULT_SOCKET), *(os.path.dirname(f) for f in FLAT_FILES)]
+    under = os.path.join(root, top.lstrip("/"))
+    found = {p for p in fixed if os.path.lexists(os.path.join(root, p.lstrip("/")))}
+    return found | {os.path.join(top, os.path.basename(p)) for p in glob.glob(f"{under}/etcd-token-*")}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_default_paths() -> Iterator[None]:
+    """Fails the session when a default path appeared that was absent at its start (nothing is removed:
+    on a real node it could be the node's own state)."""
+    before = default_paths()
+    yield
+    appeared = sorted(default_paths() - before)
+    assert not appeared, f"tests wrote to the product's default paths (remove them by hand): {appeared}"
 
 
 _SERVED: list[str] = []

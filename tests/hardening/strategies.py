@@ -11,9 +11,17 @@ from typing import Any
 from hypothesis import strategies as st
 
 # Keys whose value is a host path: only wrong types or relative paths are generated for them (never a
-# real absolute path, the fuzz must not write anywhere outside its lab), and they are never removed
-# (the defaults are the node's real state directories).
+# real absolute path, the fuzz must not write anywhere outside its lab), and they are never removed or
+# set to null or "" (that selects the default: the node's real state directories).
 PATH_KEYS = {"stateDir", "local_db", "logFile", "log_file", "configuration_path", "kubeconfig", "state"}
+
+
+def not_a_default_or_real_path(value: Any) -> bool:
+    """null and "" select the default path (the node's real state: `local_db` is `"" or default`), an
+    absolute string a real one: neither may be generated for a path key."""
+    return value is not None and value != "" and not (isinstance(value, str) and os.path.isabs(value))
+
+
 # Store selectors for stores this suite does not fuzz (their helpers do): never added.
 STORE_KEYS = {"kubernetes", "etcd_host", "etcd_username", "etcd_password", "etcd_key_file",
               "etcd_cert_file", "etcd_ca_cert_file", "datastore"}
@@ -123,8 +131,7 @@ def mutation(draw: st.DrawFn, conf: dict[str, Any], plugin: str) -> Mutation:
     path = draw(st.sampled_from(choices))
     last = path[-1]
     if isinstance(last, str) and last in PATH_KEYS:
-        value = draw(st.one_of(json_values.filter(lambda v: not isinstance(v, str) or not os.path.isabs(v)),
-                               st.sampled_from(["relative/dir", ""])))
+        value = draw(st.one_of(json_values.filter(not_a_default_or_real_path), st.just("relative/dir")))
         return Mutation("set", path, value)
     if op == "del":
         return Mutation("del", path)
