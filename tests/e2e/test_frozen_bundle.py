@@ -113,6 +113,19 @@ def test_frozen_installer_installs_its_own_bundle(cni_bin: Path, tmp_path: Path)
     assert (snapshot(bin_dir), snapshot(conf_dir)) == before
 
 
+def test_frozen_ipam_tool_names_itself_and_never_creates_a_database(cni_bin: Path, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
+    run = [cni_bin / "pycni-ipam"]
+    usage = subprocess.run([*run, "--help"], capture_output=True, text=True, env=env, check=False)
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: pycni-ipam "), usage.stdout
+    missing = tmp_path / "typo" / "ipam.db"
+    pools = subprocess.run([*run, "--local-db", str(missing), "pools"], capture_output=True, text=True,
+                           env=env, check=False)
+    assert (pools.returncode, pools.stdout) == (2, ""), (pools.stdout, pools.stderr)
+    assert f"--local-db: no database at {missing}" in pools.stderr
+    assert not missing.parent.exists()
+
+
 def test_upgrade_storm_with_the_frozen_bundle(cni_bin: Path, tmp_path: Path) -> None:
     b = variant(cni_bin, tmp_path / "b", manifest.load(cni_bin / manifest.FILENAME).version + "+storm")
     storm = upgrade_storm.run((cni_bin, b), tmp_path / "bin", tmp_path / "conf", "macvlan", grace=10)
