@@ -168,17 +168,7 @@ def network_config(lab: Lab, state: Path) -> dict[str, Any]:
 
 
 def demo(state: Path, plugins: Plugins, lab: Lab) -> int:
-    conflist = network_config(lab, state)
-    netconf = state / "net.d"
-    netconf.mkdir()
-    path = netconf / "10-demo.conflist"
-    path.write_bytes(jsonio.dumps(conflist, indent=True) + b"\n")
-    say(f"network config {path} (from {EXAMPLE.relative_to(REPO)}; master, local_db, configuration_path "
-        "changed)")
-    show(path.read_text())
-    cnitool = Cnitool(lab, plugins, netconf, conflist)
-    say("each call below is the one cnitool (1.3.0) makes for the command shown after `$`, with")
-    show(cnitool.environment())
+    cnitool = write_network_config(state, plugins, lab)
     pods = [f"/run/netns/{lab.netns(f'pod{i}')}" for i in (1, 2)]
     for i, pod in enumerate(pods, 1):
         sh("ip", "-n", os.path.basename(pod), "link", "set", "lo", "up")
@@ -195,28 +185,50 @@ def demo(state: Path, plugins: Plugins, lab: Lab) -> int:
     say(f"inside pod 1: ip -n {name} addr show {IFNAME}; ip -n {name} route; ip -n {name} -6 route")
     show(sh("ip", "-n", name, "addr", "show", IFNAME) + sh("ip", "-n", name, "route")
          + sh("ip", "-n", name, "-6", "route"))
-    say(f"the pools: {shlex.join(plugins.ipam_tool)} --local-db {state / 'whereabouts.db'} pools")
     db = str(state / "whereabouts.db")
-    show(plugins.ipam("--local-db", db, "pools"))
-    pool = plugins.ipam("--local-db", db, "pools").splitlines()[1].split()[0]
+    say(f"the pools: {shlex.join(plugins.ipam_tool)} --local-db {db} pools")
+    pools = plugins.ipam("--local-db", db, "pools")
+    show(pools)
+    pool = pools.splitlines()[1].split()[0]
     say(f"one pool's allocations: ... show {pool}")
     show(plugins.ipam("--local-db", db, "show", pool))
-    say("waiting for IPv6 duplicate address detection in both pods (the kernel tests a new address ~1 s)")
-    show(wait_for_dad([os.path.basename(pod) for pod in pods]))
-    failed = 0
-    for ip in cnitool.results[pods[1]]["ips"]:
-        target = ip["address"].split("/")[0]
-        say(f"ping from pod 1 to pod 2: ip netns exec {name} ping -c 2 {target}")
-        cmd = ["ip", "netns", "exec", name, "ping", "-c", "2", "-i", "0.2", "-W", "2", target]
-        ping = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        show(ping.stdout or ping.stderr)
-        failed += ping.returncode != 0
+    failed = ping(pods, [ip["address"].split("/")[0] for ip in cnitool.results[pods[1]]["ips"]])
     for i, pod in enumerate(pods, 1):
         say(f"DEL pod {i}")
         cnitool("del", pod)
     say("the pools after DEL (every address released)")
     show(plugins.ipam("--local-db", db, "pools"))
     return 1 if failed else 0
+
+
+def write_network_config(state: Path, plugins: Plugins, lab: Lab) -> Cnitool:
+    conflist = network_config(lab, state)
+    netconf = state / "net.d"
+    netconf.mkdir()
+    path = netconf / "10-demo.conflist"
+    path.write_bytes(jsonio.dumps(conflist, indent=True) + b"\n")
+    say(f"network config {path} (from {EXAMPLE.relative_to(REPO)}; master, local_db, configuration_path "
+        "changed)")
+    show(path.read_text())
+    cnitool = Cnitool(lab, plugins, netconf, conflist)
+    say("each call below is the one cnitool (1.3.0) makes for the command shown after `$`, with")
+    show(cnitool.environment())
+    return cnitool
+
+
+def ping(pods: list[str], targets: list[str]) -> int:
+    """Pings each target from the first pod once IPv6 DAD is over; returns how many failed."""
+    names = [os.path.basename(pod) for pod in pods]
+    say("waiting for IPv6 duplicate address detection in both pods (the kernel tests a new address ~1 s)")
+    show(wait_for_dad(names))
+    failed = 0
+    for target in targets:
+        say(f"ping from pod 1 to pod 2: ip netns exec {names[0]} ping -c 2 {target}")
+        cmd = ["ip", "netns", "exec", names[0], "ping", "-c", "2", "-i", "0.2", "-W", "2", target]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        show(proc.stdout or proc.stderr)
+        failed += proc.returncode != 0
+    return failed
 
 
 def wait_for_dad(namespaces: list[str], timeout: float = 10.0) -> str:
