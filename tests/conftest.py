@@ -64,9 +64,10 @@ def _no_leftovers() -> Iterator[None]:
 
 def default_paths(root: str = "/") -> set[str]:
     """The product's default state paths on a node that exist now: the local store (with its -wal, -shm
-    and journal), the cluster stores' pool locks and etcd token cache beside it, the device plugins'
-    state dir (attachments, owners, locks), the agent's default socket dir, the flat file dirs. Tests
-    inject their own paths; none of these may appear during a session. `root`: another tree (tests)."""
+    and journal), the cluster stores' pool locks and etcd token cache beside it (and anything else
+    directly in /var/lib/cni/pycni), the device plugins' state dir (attachments, owners, locks), the
+    agent's default socket dir, the flat file dirs. Tests inject their own paths; none of these may
+    appear during a session. `root`: another tree (tests)."""
     from cni.agent.client import DEFAULT_SOCKET
     from cni.device.store import DEFAULT_DIR
     from ipam.config import DEFAULT_LOCAL_DB, FLAT_FILES
@@ -77,7 +78,8 @@ def default_paths(root: str = "/") -> set[str]:
              os.path.dirname(DEFAULT_SOCKET), *(os.path.dirname(f) for f in FLAT_FILES)]
     under = os.path.join(root, top.lstrip("/"))
     found = {p for p in fixed if os.path.lexists(os.path.join(root, p.lstrip("/")))}
-    return found | {os.path.join(top, os.path.basename(p)) for p in glob.glob(f"{under}/etcd-token-*")}
+    # and whatever else is directly in it (etcd-token-*, a conf-example's own local_db there, ...)
+    return found | {os.path.join(top, os.path.basename(p)) for p in glob.glob(f"{glob.escape(under)}/*")}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,7 +12,7 @@ from tests.conftest import default_paths
 PLANTED = ["var/lib/cni/pycni/whereabouts.db", "var/lib/cni/pycni/whereabouts.db-wal",
            "var/lib/cni/pycni/pool-locks/", "var/lib/cni/pycni/etcd-token-0123abcd",
            "var/lib/cni/pycni/devices/locks/", "var/lib/cni/pycni/devices/attachments/",
-           "run/pycni/", "etc/cni/net.d/whereabouts.d/"]
+           "run/pycni/", "etc/cni/net.d/whereabouts.d/", "var/lib/cni/pycni/macvlan-dualstack.db"]
 
 
 @pytest.mark.parametrize("planted", PLANTED)
