@@ -36,7 +36,7 @@ image: deps bundle
 	$(PY) -m bundler.image $(if $(SAVE),--save $(SAVE))
 
 lint: venv
-	$(VENV)/bin/ruff check cni ipam bundler tests demo
+	$(VENV)/bin/ruff check cni ipam bundler tests
 	$(VENV)/bin/mypy
 
 unit: venv
@@ -59,11 +59,11 @@ fuzz: venv
 	PYCNI_FUZZ_PROFILE=fuzz $(if $(EXAMPLES),PYCNI_FUZZ_EXAMPLES=$(EXAMPLES)) $(VENV)/bin/pytest -q tests/hardening/test_fuzz.py
 
 # Only what the demo uses: python3.12, iproute2 and ping (no virtualenv: its path imports only the
-# standard library). It runs the frozen bundle when `make bundle` built one (demo/__main__.py).
+# standard library). It runs the frozen bundle when `make bundle` built one (tests/demo.py).
 demo:
 	@test -n "$(PYTHON)" || { echo "python3.12 not found (install it with pyenv)"; exit 1; }
 	bash .ci/apt-deps iproute2 iputils-ping
-	$(PYTHON) -m demo
+	$(PYTHON) -m tests.demo
 
 bench: deps venv driver
 	$(PY) -m tests.bench.macvlan $(if $(N),-n $(N))

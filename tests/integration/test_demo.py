@@ -1,4 +1,4 @@
-"""`make demo` as a smoke test: the demo (demo/__main__.py) runs to the end with nothing but the standard
+"""`make demo` as a smoke test: the demo (tests/demo.py) runs to the end with nothing but the standard
 library (`python -S`: no site-packages, so neither pyroute2 nor anything else of the virtualenv), shows
 what it promises and leaves nothing behind, also when a plugin call fails. In the frozen passes it runs
 the bundle of PYCNI_PLUGIN_DIR (through the agent under PYCNI_TEST_AGENT=1, as every call does)."""
@@ -18,7 +18,7 @@ def run_demo(tmp: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     """The demo with its temp dir under `tmp`; argv default: the plugins this test pass runs."""
     bundle = os.environ.get("PYCNI_PLUGIN_DIR")
     argv = argv or (("--cni-bin", bundle) if bundle else ("--source",))
-    return subprocess.run([sys.executable, "-S", "-m", "demo", *argv], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-S", "-m", "tests.demo", *argv], cwd=REPO, capture_output=True,
                           text=True, timeout=120, check=False, env={**os.environ, "TMPDIR": str(tmp)})
 
 

@@ -1,4 +1,4 @@
-"""`make demo` (`python3.12 -m demo`, as root): pycni's macvlan and IPAM driven the way `cnitool` drives
+"""`make demo` (`python3.12 -m tests.demo`, as root): pycni's macvlan and IPAM driven the way `cnitool` drives
 them, on throw-away network namespaces, showing what a user of local testing wants to see: the network
 config, the equivalent cnitool command, the CNI result, the pod's interface from inside, the IPAM's
 pools, a ping between two pods, and the teardown.
@@ -249,7 +249,7 @@ def missing_tools() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3.12 -m demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python3.12 -m tests.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--source", action="store_true", help="plugins from source even if a bundle is built")
     p.add_argument("--cni-bin", help=f"a cni-bin dir of the frozen bundle (default: {BUNDLE} if built)")
     args = p.parse_args(argv)
