@@ -31,9 +31,16 @@ venv: $(STAMP)
 # the dev lock. Pinned to the targets: CPython 3.12 on linux x86_64, whatever machine runs it.
 UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --generate-hashes --no-header --python-version 3.12 \
 	--python-platform x86_64-unknown-linux-gnu $(if $(UPGRADE),--upgrade)
+# Each lock is written beside itself, seeded with the current one (uv keeps the versions pinned in its
+# output file), and renamed over it only when it changed: atomic, and an unchanged lock keeps its mtime,
+# so `make venv` does not re-run for nothing.
 lock: venv
-	$(UV_COMPILE) pyproject.toml --extra build -o $(LOCK)
-	echo pip | $(UV_COMPILE) - pyproject.toml --extra build --extra dev --constraint $(LOCK) -o $(DEV_LOCK)
+	cp $(LOCK) $(LOCK).new
+	$(UV_COMPILE) pyproject.toml --extra build -o $(LOCK).new
+	cmp -s $(LOCK).new $(LOCK) && rm $(LOCK).new || mv $(LOCK).new $(LOCK)
+	cp $(DEV_LOCK) $(DEV_LOCK).new
+	echo pip | $(UV_COMPILE) - pyproject.toml --extra build --extra dev --constraint $(LOCK) -o $(DEV_LOCK).new
+	cmp -s $(DEV_LOCK).new $(DEV_LOCK) && rm $(DEV_LOCK).new || mv $(DEV_LOCK).new $(DEV_LOCK)
 
 # Debian packages the tests drive: reference plugins, the libcni sources, etcd, podman.
 deps:

@@ -28,8 +28,10 @@ import sys
 import tomllib
 from pathlib import Path
 
+from bundler import freeze as freeze_options
 from bundler import fsutil, lock, manifest
 from cni import jsonio
+from cni.errors import DecodeError
 from cni.registry import PLUGINS, TOOLS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,9 +72,19 @@ def check_locked(lockfile: Path = lock.RUNTIME_LOCK) -> dict[str, lock.Pin]:
     return pins
 
 
+def collected_binaries(workpath: Path) -> list[str]:
+    """Source paths of the binaries the last freeze into workpath collected (bundler/pycni.spec)."""
+    try:
+        doc = jsonio.loads((workpath / freeze_options.BINARIES_FILE).read_bytes())
+    except (OSError, ValueError, DecodeError):
+        return []
+    return [str(p) for p in doc] if isinstance(doc, list) else []
+
+
 def freeze(entry: Path, name: str, distpath: Path, workpath: Path,
            lockfile: Path = lock.RUNTIME_LOCK) -> Path:
     env = {**os.environ, "PYCNI_ENTRY": str(entry), "PYCNI_NAME": name, "PYCNI_LOCK": str(lockfile),
+           "PYCNI_BINARIES_OUT": str(workpath / freeze_options.BINARIES_FILE),
            # no set or dict of strings iterated anywhere in PyInstaller or its hooks can order the output
            # differently per run (measured: no difference without it on 3.12, whose marshal sorts
            # frozenset constants; this keeps it so for whatever a new hook or PyInstaller does)
@@ -132,14 +144,36 @@ def interpreter_files() -> list[Path]:
     return out
 
 
+def binaries_digests(paths: list[str]) -> dict[str, str]:
+    """sha256 of the shared libraries and extension modules PyInstaller collected, by source path (the
+    system's libssl, libsqlite3, ... change with an apt upgrade, not with anything of ours)."""
+    out = {}
+    for p in sorted(set(paths)):
+        try:
+            out[p] = manifest.sha256(Path(p))
+        except OSError:
+            out[p] = "missing"
+    return out
+
+
+def write_stamp(stamp: Path, digest: str, binaries: list[str]) -> None:
+    doc = {"inputs": digest, "binaries": binaries_digests(binaries)}
+    fsutil.write_atomic(stamp, jsonio.dumps(doc, indent=True) + b"\n", 0o644)
+
+
 def up_to_date(root: Path, digest: str) -> manifest.Manifest | None:
-    """The manifest of root when root was built from `digest` and is still intact (every file's sha256)."""
+    """The manifest of root when root was built from `digest`, the libraries it collected are unchanged,
+    and it is still intact (every file's sha256 and every entry)."""
     stamp = root.with_name(root.name + INPUTS_SUFFIX)
     try:
-        if stamp.read_text().strip() != digest:
+        doc = jsonio.loads(stamp.read_bytes(), str(stamp))
+        if not isinstance(doc, dict) or doc.get("inputs") != digest:
+            return None
+        binaries = doc.get("binaries")
+        if not isinstance(binaries, dict) or binaries_digests(list(binaries)) != binaries:
             return None
         m = manifest.load(root / manifest.FILENAME)
-    except (OSError, ValueError):
+    except (OSError, ValueError, DecodeError):  # no stamp, a damaged one, one of an older format
         return None
     entries_ok = all(os.path.islink(root / e) and os.readlink(root / e) == m.executable
                      for e in (*m.plugins, *m.tools))
@@ -191,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(root, ignore_errors=True)
     freeze(REPO / "bundler" / "entry.py", BUNDLE, root, work)
     m = layout(root, version(), {name: pin.version for name, pin in pins.items()})
-    fsutil.write_atomic(stamp, (digest + "\n").encode(), 0o644)
+    write_stamp(stamp, digest, collected_binaries(work))
     print(f"built {root} (build {m.build}; inputs {digest[:12]}; "
           f"entries: {', '.join((*m.plugins, *m.tools))})")
     return 0

@@ -120,6 +120,23 @@ def check_locked(*tocs: Any, lockfile: str | None = None) -> None:
                  for dist, mods in sorted(unlocked.items())], f"unlocked distributions ({path})")
 
 
+BINARIES_FILE = "pycni-binaries.json"
+
+
+def record_binaries(binaries: Any) -> None:
+    """Write the source paths of the collected binaries where bundler.build asked (PYCNI_BINARIES_OUT):
+    its rebuild check re-hashes them, so a library upgraded on the build machine rebuilds the bundle."""
+    out = os.environ.get("PYCNI_BINARIES_OUT")
+    if out:
+        from cni import jsonio
+
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        tmp = f"{out}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(jsonio.dumps(sorted({str(entry[1]) for entry in binaries})))
+        os.replace(tmp, out)
+
+
 def drop_runtime_hooks(scripts: Any) -> Any:
     """Drop the runtime hooks we measured and do not need; refuse to build with one nobody reviewed (a
     new dependency's hook silently costs every CNI call its start-up time)."""

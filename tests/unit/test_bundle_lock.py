@@ -199,13 +199,17 @@ def test_inputs_digest_follows_content_not_mtimes(tmp_path: Path) -> None:
 def test_a_second_build_with_nothing_changed_does_not_rebuild(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """build.main with PyInstaller replaced by a fake that lays down a bundle: the second run finds the
-    stamp and an intact cni-bin and freezes nothing; a changed knob, a damaged bundle, a missing stamp
-    or --force freeze again."""
+    stamp and an intact cni-bin and freezes nothing; a changed knob, a changed system library the bundle
+    collected, a damaged bundle, a missing stamp or --force freeze again."""
     frozen: list[Path] = []
+    lib = tmp_path / "libfake.so.1"
+    lib.write_bytes(b"v1")
 
     def fake_freeze(entry: Path, name: str, distpath: Path, workpath: Path, lockfile: Path = REPO) -> Path:
         assert entry.name == "entry.py"
         fake_bundle(distpath)
+        workpath.mkdir(parents=True, exist_ok=True)  # what bundler/pycni.spec records
+        (workpath / freeze.BINARIES_FILE).write_bytes(jsonio.dumps([str(lib)]))
         frozen.append(distpath)
         return distpath / name
 
@@ -221,7 +225,12 @@ def test_a_second_build_with_nothing_changed_does_not_rebuild(tmp_path: Path,
 
     assert run() == 1
     stamp = dist / ("cni-bin" + build.INPUTS_SUFFIX)
-    assert stamp.read_text().strip() == build.inputs_digest(REPO, lock.parse(UV_OUTPUT), lock.RUNTIME_LOCK)
+    doc = jsonio.loads(stamp.read_bytes())
+    assert doc["inputs"] == build.inputs_digest(REPO, lock.parse(UV_OUTPUT), lock.RUNTIME_LOCK)
+    assert doc["binaries"] == {str(lib): manifest.sha256(lib)}
+    assert run() == 0
+    lib.write_bytes(b"v2")  # apt upgraded a library the bundle carries
+    assert run() == 1
     assert run() == 0
     assert run("--force") == 1
     monkeypatch.setenv("PYCNI_STRIP", "0")
@@ -232,6 +241,10 @@ def test_a_second_build_with_nothing_changed_does_not_rebuild(tmp_path: Path,
     (root / "macvlan").unlink()
     assert run() == 1
     stamp.unlink()
+    assert run() == 1
+    stamp.write_text(doc["inputs"] + "\n")  # the stamp of an older build.py, or a damaged one
+    assert run() == 1
+    (root / manifest.FILENAME).write_text("{")
     assert run() == 1
     assert run() == 0
     assert manifest.problems(root, manifest.load(root / manifest.FILENAME)) == []
