@@ -9,11 +9,12 @@ multicall bundle and lay out DIR/cni-bin as a ready CNI_PATH directory:
 Locked: before freezing, every distribution of bundler/requirements.lock (the runtime dependencies and
 PyInstaller with its own) must be installed at exactly its locked version, and after PyInstaller's
 analysis every distribution a collected module belongs to must be in the lock (bundler/pycni.spec);
-otherwise the build stops naming them. Reproducible: PyInstaller runs with PYTHONHASHSEED=0 and
-SOURCE_DATE_EPOCH set, so two builds from the same lock give the same files (`make check-repro`).
+otherwise the build stops naming them. Reproducible: two builds from the same lock give the same files
+(`make check-repro`); PyInstaller runs with PYTHONHASHSEED=0 and SOURCE_DATE_EPOCH set to keep it so.
 Cached: DIR/cni-bin.inputs holds a digest of everything the bundle is made from (first-party sources,
-pyproject.toml, the lock, the installed locked versions, the interpreter, the PYCNI_* build knobs); with
-the same digest and an intact DIR/cni-bin nothing is rebuilt (`--force` rebuilds anyway).
+pyproject.toml, the lock, the installed locked versions, the interpreter, the PYCNI_* build knobs) and
+the sha256 of the system libraries it collected; with both unchanged and an intact DIR/cni-bin nothing
+is rebuilt (`--force` rebuilds anyway).
 
 `--empty` freezes an empty program with the same options into DIR/empty (the benchmark's floor)."""
 
@@ -41,6 +42,7 @@ INPUTS_SUFFIX = ".inputs"  # DIR/cni-bin.inputs: the input digest of the bundle 
 # What the bundle is made from besides the interpreter and the installed distributions.
 SOURCE_DIRS = ("cni", "ipam", "bundler")
 SOURCE_FILES = ("pyproject.toml",)
+DOC_AND_CACHE = (".md", ".pyc")  # under SOURCE_DIRS, never part of the bundle
 # The environment knobs bundler/freeze.py reads: each changes what is frozen.
 BUILD_KNOBS = ("PYCNI_OPTIMIZE", "PYCNI_NOARCHIVE", "PYCNI_STRIP", "PYCNI_KEEP_HOOKS", "PYCNI_KEEP_CTYPES",
                "PYCNI_EXCLUDE", "PYCNI_IMPORTTIME")
@@ -105,9 +107,9 @@ def _hash_file(h: hashlib._Hash, path: Path, name: str) -> None:
 def inputs_digest(repo: Path, pins: dict[str, lock.Pin], lockfile: Path,
                   environ: dict[str, str] | None = None) -> str:
     """Digest of everything the bundle is made from: the first-party sources (every file under
-    SOURCE_DIRS but caches: content and executable bits, not mtimes), pyproject.toml, the lock, the
-    locked distributions as installed, the interpreter (version, executable and libpython) and the
-    build knobs. Equal digests: the bundle would come out the same (`make check-repro`)."""
+    SOURCE_DIRS but caches and documentation: content and executable bits, not mtimes), pyproject.toml,
+    the lock, the locked distributions as installed, the interpreter (version, executable and libpython)
+    and the build knobs. Equal digests: the bundle would come out the same (`make check-repro`)."""
     env = os.environ if environ is None else environ
     h = hashlib.sha256()
     for top in SOURCE_DIRS:
@@ -115,7 +117,7 @@ def inputs_digest(repo: Path, pins: dict[str, lock.Pin], lockfile: Path,
             dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
             for fn in sorted(filenames):
                 p = Path(dirpath) / fn
-                if not fn.endswith(".pyc") and p.is_file():
+                if not fn.endswith(DOC_AND_CACHE) and p.is_file():
                     _hash_file(h, p, str(p.relative_to(repo)))
     for fn in SOURCE_FILES:
         _hash_file(h, repo / fn, fn)

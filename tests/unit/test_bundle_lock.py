@@ -175,6 +175,7 @@ def test_inputs_digest_follows_content_not_mtimes(tmp_path: Path) -> None:
     os.utime(repo / "cni" / "a.py", (1, 1))  # a checkout touches files: no rebuild
     (repo / "cni" / "__pycache__").mkdir()
     (repo / "cni" / "__pycache__" / "a.cpython-312.pyc").write_bytes(b"x")
+    (repo / "bundler" / "README.md").write_text("docs are not frozen")
     assert digest() == first
     changed = {}
     edits = (("cni/a.py", "x = 1\n"), ("ipam/b.py", "y = 2\n"), ("bundler/manifests/x.yaml", "a: b\n"),
