@@ -5,6 +5,7 @@ PyInstaller runs: ~15 s of CPU with a warm machine, up to a minute or two on a f
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ import pytest
 from bundler import repro
 
 
+@pytest.mark.skipif(shutil.which("strip") is None or shutil.which("objdump") is None,
+                    reason="PyInstaller needs binutils (strip, objdump) to build: `make deps` installs it")
 def test_two_builds_from_the_same_lock_are_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PYINSTALLER_CONFIG_DIR", str(tmp_path / "pyinstaller-cache"))
