@@ -57,7 +57,8 @@ bundle: venv
 	$(PY) -m bundler.build
 
 # Two builds from the same lock (the second from a copy of the sources at another path) compared file by
-# file; ~20-90 s per build, so not part of `make test` (bundler/repro.py).
+# file (bundler/repro.py; ~15 s of CPU, 20-90 s by the machine's load). `make test` runs the same check
+# as tests/unit/test_bundle_repro.py; this target runs it alone and keeps nothing.
 check-repro: venv
 	$(PY) -m bundler.repro
 
