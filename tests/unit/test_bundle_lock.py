@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -270,3 +272,27 @@ def test_repro_compare_names_what_differs(tmp_path: Path) -> None:
     ]
     build.layout(b, "1.0.0")
     assert "pycni.manifest.json: differs" in repro.compare(a, b)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make to read the Makefile")
+def test_make_venv_installs_from_the_lock_and_reruns_when_it_changes(tmp_path: Path) -> None:
+    """`make venv` against a virtualenv path inside tmp_path: dry runs only (-n, -q), nothing executed."""
+    venv = tmp_path / "venv"
+    args = ["make", "-C", str(REPO), f"VENV={venv}", "PYTHON=/usr/bin/false"]
+    dry = subprocess.run([*args, "-n", "venv"], capture_output=True, text=True, check=True).stdout
+    assert f"pip install -q --require-hashes -r {lock.DEV_LOCK.relative_to(REPO)}" in dry
+    assert "--no-deps --no-build-isolation -e ." in dry
+    assert "bundler.lock extraneous" in dry
+    stamp = venv / ".installed"
+    stamp.parent.mkdir()
+    stamp.touch()
+    newest = max(p.stat().st_mtime for p in (lock.RUNTIME_LOCK, lock.DEV_LOCK, REPO / "pyproject.toml"))
+    os.utime(stamp, (newest + 10, newest + 10))
+    assert subprocess.run([*args, "-q", "venv"], check=False).returncode == 0, "up to date"
+    oldest = min(p.stat().st_mtime for p in (lock.RUNTIME_LOCK, lock.DEV_LOCK))
+    os.utime(stamp, (oldest - 10, oldest - 10))
+    assert subprocess.run([*args, "-q", "venv"], check=False).returncode == 1, "a lock changed"
+    database = subprocess.run([*args, "-p", "-n", "venv"], capture_output=True, text=True, check=True).stdout
+    rule = next(line for line in database.splitlines() if line.startswith(f"{stamp}:"))
+    assert set(rule.split(":", 1)[1].split()) == {"pyproject.toml", "bundler/requirements.lock",
+                                                 "bundler/requirements-dev.lock"}
