@@ -6,17 +6,41 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv deps lint typecheck unit e2e test demo bench bench-bundle bench-ipam bench-ipam-scale bench-warm driver bundle image clean fuzz
+.PHONY: all venv lock check-repro deps lint typecheck unit e2e test demo bench bench-bundle bench-ipam bench-ipam-scale bench-warm driver bundle image clean fuzz
 all: venv
 
-$(STAMP): pyproject.toml
+# Every dependency, runtime, build and dev, is installed from the locks (exact versions and sha256
+# hashes; README.md "Locked dependencies"), then the project itself without its dependencies and without
+# build isolation (an isolated build would fetch an unlocked setuptools). Whatever the lock does not name
+# is uninstalled, so the virtualenv (and with it what PyInstaller can freeze) is exactly the lock.
+LOCK := bundler/requirements.lock
+DEV_LOCK := bundler/requirements-dev.lock
+$(STAMP): pyproject.toml $(LOCK) $(DEV_LOCK)
 	@test -n "$(PYTHON)" || { echo "python3.12 not found (install it with pyenv)"; exit 1; }
+	rm -f $@
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --require-hashes -r $(DEV_LOCK)
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m bundler.lock extraneous $(DEV_LOCK) | xargs -r $(PY) -m pip uninstall -q -y
 	touch $@
 
 venv: $(STAMP)
+
+# Re-resolve the locks from pyproject.toml (after changing a dependency there; UPGRADE=1 takes the newest
+# versions the ranges allow, otherwise what is locked stays unless it must move). uv itself is locked in
+# the dev lock. Pinned to the targets: CPython 3.12 on linux x86_64, whatever machine runs it.
+UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --generate-hashes --no-header --python-version 3.12 \
+	--python-platform x86_64-unknown-linux-gnu $(if $(UPGRADE),--upgrade)
+# Each lock is written beside itself, seeded with the current one (uv keeps the versions pinned in its
+# output file), and renamed over it only when it changed: atomic, and an unchanged lock keeps its mtime,
+# so `make venv` does not re-run for nothing.
+lock: venv
+	cp $(LOCK) $(LOCK).new
+	$(UV_COMPILE) pyproject.toml --extra build -o $(LOCK).new
+	cmp -s $(LOCK).new $(LOCK) && rm $(LOCK).new || mv $(LOCK).new $(LOCK)
+	cp $(DEV_LOCK) $(DEV_LOCK).new
+	echo pip | $(UV_COMPILE) - pyproject.toml --extra build --extra dev --constraint $(LOCK) -o $(DEV_LOCK).new
+	cmp -s $(DEV_LOCK).new $(DEV_LOCK) && rm $(DEV_LOCK).new || mv $(DEV_LOCK).new $(DEV_LOCK)
 
 # Debian packages the tests drive: reference plugins, the libcni sources, etcd, podman.
 deps:
@@ -26,7 +50,9 @@ driver: $(VENV)/bin/cnidriver
 $(VENV)/bin/cnidriver: tests/e2e/driver/main.go tests/e2e/driver/build.sh | venv
 	bash tests/e2e/driver/build.sh $@
 
-# The frozen multicall bundle and the ready CNI_PATH dir dist/cni-bin (bundler/build.py).
+# The frozen multicall bundle and the ready CNI_PATH dir dist/cni-bin (bundler/build.py). Refuses a build
+# environment that is not exactly bundler/requirements.lock; rebuilds only when its inputs changed
+# (dist/cni-bin.inputs; `$(PY) -m bundler.build --force` rebuilds anyway).
 bundle: venv
 	$(PY) -m bundler.build
 
@@ -34,6 +60,12 @@ bundle: venv
 # bundler/Dockerfile on it (bundler/image.py). SAVE=dist/pycni.tar also writes a docker-archive.
 image: deps bundle
 	$(PY) -m bundler.image $(if $(SAVE),--save $(SAVE))
+
+# Two builds from the same lock (the second from a copy of the sources at another path) compared file by
+# file (bundler/repro.py; ~15 s of CPU, 20-90 s by the machine's load). `make test` runs the same check
+# as tests/unit/test_bundle_repro.py; this target runs it alone and keeps nothing.
+check-repro: venv
+	$(PY) -m bundler.repro
 
 lint: venv
 	$(VENV)/bin/ruff check cni ipam bundler tests

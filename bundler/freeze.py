@@ -21,7 +21,10 @@ Start-up cost is what a CNI plugin pays on every call, so each choice here is me
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
+
+from bundler import lock
 
 OPTIMIZE = int(os.environ.get("PYCNI_OPTIMIZE", "0"))
 NOARCHIVE = os.environ.get("PYCNI_NOARCHIVE", "1") == "1"
@@ -88,6 +91,50 @@ def check_collected(pure: Any, datas: Any, wanted: list[str]) -> None:
     missing = sorted(set(wanted) - have)
     if missing:
         raise SystemExit(f"pycni bundle: modules not collected: {', '.join(missing)}")
+
+
+def top_level_names(*tocs: Any) -> set[str]:
+    """The top-level import names of everything collected: module names of PYZ entries, first path parts
+    of files (noarchive .pyc data, extension modules, package data)."""
+    out = set()
+    for toc in tocs:
+        for entry in toc:
+            name = str(entry[0])
+            kind = entry[2] if len(entry) > 2 else ""
+            if kind not in ("PYMODULE", "PYSOURCE"):
+                name = name.split("/", 1)[0]
+            out.add(name.split(".", 1)[0])
+    return out
+
+
+def check_locked(*tocs: Any, lockfile: str | None = None) -> None:
+    """Refuse to freeze a module of a distribution the lock does not pin (one that is merely installed
+    here: a dev tool, a leftover), naming the distribution and the modules that pulled it in."""
+    path = Path(lockfile or os.environ.get("PYCNI_LOCK") or lock.RUNTIME_LOCK)
+    try:
+        pins = lock.load(path)
+    except lock.LockError as e:
+        raise SystemExit(f"pycni bundle: {e}") from None
+    unlocked = lock.unlocked_distributions(top_level_names(*tocs), pins)
+    lock.refuse([f"{dist}: not in the lock, but its modules {', '.join(mods)} would be frozen"
+                 for dist, mods in sorted(unlocked.items())], f"unlocked distributions ({path})")
+
+
+BINARIES_FILE = "pycni-binaries.json"
+
+
+def record_binaries(binaries: Any) -> None:
+    """Write the source paths of the collected binaries where bundler.build asked (PYCNI_BINARIES_OUT):
+    its rebuild check re-hashes them, so a library upgraded on the build machine rebuilds the bundle."""
+    out = os.environ.get("PYCNI_BINARIES_OUT")
+    if out:
+        from cni import jsonio
+
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        tmp = f"{out}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(jsonio.dumps(sorted({str(entry[1]) for entry in binaries})))
+        os.replace(tmp, out)
 
 
 def drop_runtime_hooks(scripts: Any) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +36,21 @@ class Manifest:
     plugins: tuple[str, ...]  # CNI plugin entries (linked into a host bin dir)
     tools: tuple[str, ...]  # other entries of the image (the installer)
     files: dict[str, FileInfo]
+    # what it was built from: {distribution: version} of bundler/requirements.lock (runtime and build,
+    # PyInstaller included; the build refuses any other version) and the interpreter's version. Empty in
+    # manifests written before the lock existed.
+    locked: dict[str, str] = field(default_factory=dict)
+    python: str = ""
 
     @staticmethod
     def from_dict(d: dict[str, Any], where: str = FILENAME) -> Manifest:
         try:
             files = {str(k): FileInfo(str(v["sha256"]), int(v["size"]), int(v["mode"]))
                      for k, v in d["files"].items()}
+            locked = {str(k): str(v) for k, v in d.get("locked", {}).items()}
             return Manifest(str(d["name"]), str(d["version"]), str(d["build"]), str(d["bundle"]),
-                            str(d["executable"]), tuple(d["plugins"]), tuple(d["tools"]), files)
+                            str(d["executable"]), tuple(d["plugins"]), tuple(d["tools"]), files,
+                            locked, str(d.get("python", "")))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"{where}: invalid manifest ({e!r})") from None
 
@@ -51,6 +58,7 @@ class Manifest:
         return {"name": self.name, "version": self.version, "build": self.build, "bundle": self.bundle,
                 "executable": self.executable, "plugins": list(self.plugins), "tools": list(self.tools),
                 "entries": {n: self.executable for n in (*self.plugins, *self.tools)},
+                "python": self.python, "locked": dict(sorted(self.locked.items())),
                 "files": {k: v.to_dict() for k, v in sorted(self.files.items())}}
 
 
