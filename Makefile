@@ -113,7 +113,8 @@ bench-ipam: deps venv
 
 # Upstream whereabouts vs pycni standalone vs pycni through per-node agents on one real kube-apiserver
 # (../shared/upstream): P pods x N networks on K nodes, ADD then DEL (tests/bench/ipam_scale.py; not a
-# timed test; ARGS="--scenario 313", "--mode shared", "--source", ...; JSON in dist/bench/).
+# timed test; ARGS="--scenario 313", "--mode shared|per-network|slices|both|all", "--source", ...; JSON in
+# dist/bench/).
 bench-ipam-scale: deps venv bundle
 	$(PY) -m tests.bench.ipam_scale $(ARGS)
 

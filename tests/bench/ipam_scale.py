@@ -7,8 +7,21 @@ a pod's N attachments run one after another (as Multus does them). Every attachm
 process: CNI_COMMAND=ADD, CNI_CONTAINERID = the pod's sandbox id, CNI_IFNAME=net1..netN, a dummy
 CNI_NETNS (never created: IPAM only), CNI_ARGS with K8S_POD_NAMESPACE/K8S_POD_NAME/K8S_POD_UID,
 NODENAME = the node, the network's config on stdin. Range modes: `shared` (every network uses
-198.18.0.0/20, no network_name: one IPPool for all) and `per-network` (network i: 198.19.i.0/24). Then
-the DEL phase, same shape, for every attachment the ADD phase started.
+198.18.0.0/20, no network_name: one IPPool for all), `per-network` (network i: 198.19.i.0/24) and
+`slices` (node slices, whereabouts' "fast IPAM": every network on 198.18.64.0/18 with `node_slice_size`
+"/23" and one `network_name`, so all networks share one NodeSlicePool and each node allocates from its
+own slice's IPPool, the node's pool for every network; 32 slices of 510 addresses). Then the DEL phase,
+same shape, for every attachment the ADD phase started.
+
+Slices, for every implementation alike: the simulated nodes' Node objects and one
+NetworkAttachmentDefinition per network (its config as the calls get it) are created in the run's
+namespace, upstream's v0.9.4 node-slice-controller (../shared/upstream `unpack
+whereabouts-node-slice-controller`, admin kubeconfig, WHEREABOUTS_NAMESPACE = the run's namespace) is
+started before the ADD phase, which begins once the NodeSlicePool gives every simulated node a slice;
+the controller is stopped and the NADs deleted after the DEL phase (the NodeSlicePool and the empty
+pools remain). pycni would assign the slices itself without a controller (`--slices-by plugin`: pycni
+only, upstream's plugin needs the controller); the controller's own requests (its informers' LIST and
+WATCH, NodeSlicePool updates) fall in the phases' request deltas, a few per run.
 
 Implementations, each in a fresh namespace (kubeup.Tenant) per range mode on the same server:
 - upstream: the real binary (../shared/upstream `unpack whereabouts`), its flat file and inline-token
@@ -23,8 +36,10 @@ Per implementation, mode and phase: wall time, attachments/s, p50/p99 per call a
 per attachment split by verb/resource with 409/422 (deltas of apiserver_request_total), API-server CPU
 seconds, failures (count, distinct messages), speed against upstream, and a check of the objects (after
 ADD: no address in two pool entries across the namespace's pools, every entry has its reservation and
-vice versa, one entry per successful attachment holding the address the call returned; after DEL: pools
-empty, no reservations). Then "one uncontended ADD" (and DEL): a process per call, median of --single.
+vice versa, one entry per successful attachment holding the address the call returned; slices: every
+simulated node has its own slice in the NodeSlicePool and each entry is in the pool of its node's
+slice; after DEL: pools empty, no reservations). Then "one uncontended ADD" (and DEL): a process per
+call, median of --single.
 
 The request deltas are server-wide: the kube-apiserver's own requests (its identity Lease, a PUT every
 10 s; its informers' WATCH restarts) are in them too, a few per minute; the details line leaves out
@@ -34,8 +49,10 @@ Every phase has a time budget (--budget; attachments not started by then are rep
 every call a timeout. Everything written goes into a temp dir that is removed, except the JSON result.
 
     python -m tests.bench.ipam_scale [--pods 64 --networks 8 --nodes 8 --concurrency 4]
-        [--mode shared|per-network|both] [--impl upstream|pycni|pycni+agent ...] [--scenario 313]
-        [--source] [--budget S] [--json PATH]            (root for the agents; `make bundle` first)"""
+        [--mode shared|per-network|slices|both|all] [--impl upstream|pycni|pycni+agent ...]
+        [--scenario 313] [--slices-by controller|plugin] [--source] [--budget S] [--json PATH]
+    (both: shared and per-network; all: shared, per-network and slices; root for the agents; `make
+    bundle` first)"""
 
 from __future__ import annotations
 
@@ -60,11 +77,15 @@ from typing import Any
 
 from tests import agentutil, kubeup
 from tests.bench.ipam import pct
+from tests.kubeapi import wbupstream
 from tests.nsutil import REPO
 
 BUNDLE = REPO / "dist" / "cni-bin"
 SHARED_RANGE = "198.18.0.0/20"
-SINGLE_RANGE = "198.18.32.0/24"  # the uncontended ADDs: outside both workload ranges
+SINGLE_RANGE = "198.18.32.0/24"  # the uncontended ADDs: outside the workload ranges
+SLICES_RANGE, SLICE_SIZE = "198.18.64.0/18", "/23"  # mode slices: 32 slices of 510 addresses
+SLICES_NETWORK = "bench-slices"  # every network's network_name: one NodeSlicePool
+SLICE_WAIT = 60.0  # seconds the node-slice-controller gets to give every simulated node a slice
 CALL_TIMEOUT = 150.0  # upstream's own ADD limit is 2 min
 # Paths our IPAM, our agent or upstream's IPAM would use when a config does not say otherwise: none may
 # appear. (Not /var/lib/cni/pycni itself: the device plugins' locks live there, and other test runs on a
@@ -96,15 +117,29 @@ class Workload:
     networks: int = 8
     nodes: int = 8
     concurrency: int = 4
-    mode: str = "shared"  # or "per-network"
+    mode: str = "shared"  # or "per-network", "slices"
     budget: float = 600.0  # seconds per phase: no attachment starts after it
     call_timeout: float = CALL_TIMEOUT
+    slice_controller: bool = True  # mode slices: upstream's node-slice-controller assigns (else the plugin)
 
     def node(self, pod: int) -> str:
         return f"node-{pod % self.nodes}"
 
     def range(self, net: int) -> str:
+        if self.mode == "slices":
+            return SLICES_RANGE
         return SHARED_RANGE if self.mode == "shared" else f"198.19.{net}.0/24"
+
+    def slices_fit(self) -> str:
+        """Why mode slices cannot hold this workload ("" when it can)."""
+        net = ipaddress.ip_network(SLICES_RANGE)
+        size = int(SLICE_SIZE.lstrip("/"))
+        slices, per_slice = 2 ** (size - net.prefixlen), 2 ** (32 - size) - 2
+        per_node = -(-self.pods // self.nodes) * self.networks
+        if self.nodes > slices or per_node > per_slice:
+            return (f"mode slices: {SLICES_RANGE} in {SLICE_SIZE} slices is {slices} slices of {per_slice} "
+                    f"addresses; {self.nodes} nodes with up to {per_node} attachments each do not fit")
+        return ""
 
     @property
     def attachments(self) -> int:
@@ -175,6 +210,8 @@ class Impl:
 def network_config(impl: Impl, wl: Workload, net: int) -> bytes:
     conf = {"cniVersion": "1.0.0", "name": f"bench-net{net}", "type": "macvlan",
             "ipam": impl.ipam(wl.range(net))}
+    if wl.mode == "slices":
+        conf["ipam"].update(node_slice_size=SLICE_SIZE, network_name=SLICES_NETWORK)
     return json.dumps(conf).encode()
 
 
@@ -287,8 +324,9 @@ def held(tenant: kubeup.Tenant) -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def check_after_add(tenant: kubeup.Tenant, calls: list[Call], pods: dict[int, Pod],
-                    overlapping: bool = True) -> list[str]:
-    """Problems with the objects after an ADD phase ([] when consistent)."""
+                    overlapping: bool = True, network_name: str = "") -> list[str]:
+    """Problems with the objects after an ADD phase ([] when consistent). With a `network_name` the
+    reservations are named `<network_name>-<ip>` (as both implementations name them)."""
     problems: list[str] = []
     entries = held(tenant)
     seen: dict[str, str] = {}
@@ -308,7 +346,8 @@ def check_after_add(tenant: kubeup.Tenant, calls: list[Call], pods: dict[int, Po
             problems.append(f"pod-{c.pod} net{c.net} returned {c.ip}, its pool entry holds {got}")
     reservations = tenant.reservations()
     if overlapping:
-        podref = {_normal(ip): e.get("podref") for _, ip, e in entries}
+        named = f"{network_name}-" if network_name else ""
+        podref = {named + _normal(ip): e.get("podref") for _, ip, e in entries}
         for name, ref in podref.items():
             if name not in reservations:
                 problems.append(f"{name} allocated without a reservation")
@@ -318,6 +357,41 @@ def check_after_add(tenant: kubeup.Tenant, calls: list[Call], pods: dict[int, Po
         problems += [f"reservation {n} without an allocation" for n in reservations if n not in podref]
     elif reservations:
         problems.append(f"{len(reservations)} reservations with overlapping ranges off")
+    return problems
+
+
+def slice_assignments(tenant: kubeup.Tenant) -> dict[str, str]:
+    """node -> slice CIDR in the namespace's NodeSlicePool of SLICES_NETWORK ({} while it is absent)."""
+    try:
+        nsp = tenant.server.request("GET", tenant.path("nodeslicepools", SLICES_NETWORK))
+    except kubeup.ApiFailure as e:
+        if e.status == 404:
+            return {}
+        raise
+    return {a["nodeName"]: a["sliceRange"] for a in (nsp.get("status") or {}).get("allocations") or []
+            if a.get("nodeName")}
+
+
+def check_slices(tenant: kubeup.Tenant, wl: Workload, calls: list[Call], pods: dict[int, Pod]) -> list[str]:
+    """Mode slices, after ADD: every simulated node has a slice of its own, and each attachment's entry is
+    in the IPPool of its node's slice (upstream's name `<network_name>-<node>-<slice>`), inside it."""
+    problems: list[str] = []
+    got = slice_assignments(tenant)
+    nodes = [f"node-{k}" for k in range(wl.nodes)]
+    problems += [f"{n} has no slice" for n in nodes if n not in got]
+    twice = Counter(got.values())
+    problems += [f"slice {r} assigned to {n} nodes" for r, n in twice.items() if n > 1]
+    pool_of = {(e.get("id"), e.get("ifname")): pool for pool, _, e in held(tenant)}
+    for c in calls:
+        if not c.ok or c.node not in got:
+            continue
+        rng = got[c.node]
+        want = f"{SLICES_NETWORK}-{c.node}-{rng.replace('/', '-')}"
+        pool = pool_of.get((pods[c.pod].sandbox, f"net{c.net}"))
+        if pool != want:
+            problems.append(f"pod-{c.pod} net{c.net} on {c.node}: entry in pool {pool}, not {want}")
+        if ipaddress.ip_address(c.ip) not in ipaddress.ip_network(rng):
+            problems.append(f"pod-{c.pod} net{c.net} on {c.node}: {c.ip} outside its slice {rng}")
     return problems
 
 
@@ -393,10 +467,77 @@ def report(impl: Impl, wl: Workload, phase: str, calls: list[Call], wall: float,
     )
 
 
+class SliceController:
+    """Mode slices: the simulated nodes' Node objects, a NAD per network, and upstream's v0.9.4
+    node-slice-controller for the tenant's namespace, as admin (as tests/kubeapi/test_node_slices.py)."""
+
+    def __init__(self, impl: Impl, wl: Workload, tenant: kubeup.Tenant, scratch: Path) -> None:
+        self.impl, self.wl, self.tenant, self.scratch = impl, wl, tenant, scratch
+        self.log = scratch / "node-slice-controller.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.nads: list[str] = []
+        self.assigned_s = 0.0
+
+    def start(self) -> SliceController:
+        """Nodes and NADs, then the controller; returns once every simulated node has a slice."""
+        server, ns = self.tenant.server, self.tenant.namespace
+        for k in range(self.wl.nodes):  # cluster-scoped; the controller frees slices of absent Nodes
+            wbupstream.create_node(server, f"node-{k}")
+        for net in range(1, self.wl.networks + 1):
+            conf = json.loads(network_config(self.impl, self.wl, net))
+            wbupstream.create_nad(self.tenant, conf)
+            self.nads.append(conf["name"])
+        kubeconfig = wbupstream.admin_kubeconfig(server, self.scratch / "controller.kubeconfig", ns)
+        binary = kubeup.unpack("whereabouts-node-slice-controller") / "whereabouts-node-slice-controller"
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "WHEREABOUTS_NAMESPACE": ns}
+        start = time.monotonic()
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen([str(binary), "-kubeconfig", str(kubeconfig)], env=env,
+                                         stdout=log, stderr=subprocess.STDOUT)
+        nodes = {f"node-{k}" for k in range(self.wl.nodes)}
+        while not nodes <= slice_assignments(self.tenant).keys():
+            if self.proc.poll() is not None or time.monotonic() - start > SLICE_WAIT:
+                tail = self.log.read_text(errors="replace").splitlines()[-20:]
+                raise RuntimeError(f"the node-slice-controller gave not every node a slice within "
+                                   f"{SLICE_WAIT:g} s (exit {self.proc.poll()}):\n" + "\n".join(tail))
+            time.sleep(0.1)
+        self.assigned_s = time.monotonic() - start
+        return self
+
+    def stop(self) -> None:
+        """The controller first (it would delete the NodeSlicePool with the last NAD), then the NADs:
+        the next run's controller parses every NAD of the cluster."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        for name in self.nads:
+            try:
+                self.tenant.server.request("DELETE", self.tenant.path(
+                    "network-attachment-definitions", name, group="k8s.cni.cncf.io", version="v1"))
+            except kubeup.ApiFailure as e:
+                if e.status != 404:
+                    raise
+
+
 def run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, scratch: Path,
-                 prefix: str) -> list[PhaseReport]:
-    """The ADD phase, its check, the DEL phase, its check: two PhaseReports."""
+                 prefix: str, notes: dict[str, Any] | None = None) -> list[PhaseReport]:
+    """The ADD phase, its check, the DEL phase, its check: two PhaseReports. Mode slices with
+    wl.slice_controller: upstream's node-slice-controller runs around both phases (`notes` gets
+    "slices_assigned_s", how long it took to give every node a slice)."""
     impl.setup(tenant, scratch)
+    if wl.mode == "slices" and wl.slice_controller:
+        controller = SliceController(impl, wl, tenant, scratch)
+        try:
+            controller.start()
+            if notes is not None:
+                notes["slices_assigned_s"] = controller.assigned_s
+            return _run_workload(impl, wl, tenant, prefix)
+        finally:
+            controller.stop()
+    return _run_workload(impl, wl, tenant, prefix)
+
+
+def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) -> list[PhaseReport]:
     server = tenant.server
     pods = {i: Pod(i, tenant.namespace, prefix) for i in range(wl.pods)}
     out = []
@@ -405,7 +546,11 @@ def run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, scratch: Path,
     adds, wall = run_phase(impl, wl, "ADD", list(pods.values()))
     after = measure(server)
     served = impl.served()
-    problems = check_after_add(tenant, adds, pods)
+    if wl.mode == "slices":
+        problems = check_after_add(tenant, adds, pods, network_name=SLICES_NETWORK)
+        problems += check_slices(tenant, wl, adds, pods)
+    else:
+        problems = check_after_add(tenant, adds, pods)
     out.append(report(impl, wl, "ADD", adds, wall, wl.attachments, before, after, problems,
                       served["ADD"] - before_served["ADD"] if served else None))
     started: dict[int, list[int]] = {}
@@ -628,7 +773,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--networks", type=int, default=8)
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=4, help="pods a node starts at once")
-    ap.add_argument("--mode", choices=("shared", "per-network", "both"), default="both")
+    ap.add_argument("--mode", choices=("shared", "per-network", "slices", "both", "all"), default="both",
+                    help="both: shared and per-network; all: shared, per-network and slices")
+    ap.add_argument("--slices-by", choices=("controller", "plugin"), default="controller",
+                    help="mode slices: who assigns the slices (plugin: pycni only, no controller)")
     ap.add_argument("--impl", action="append", choices=("upstream", "pycni", "pycni+agent"),
                     help="default: all three")
     ap.add_argument("--scenario", choices=("313",), help="313: 128 pods x 16 networks, 240 s per phase")
@@ -641,11 +789,21 @@ def main(argv: list[str] | None = None) -> int:
         args.pods, args.networks = 128, 16
     budget = args.budget or (240.0 if args.scenario else 600.0)
     impls = args.impl or ["upstream", "pycni", "pycni+agent"]
-    modes = ["shared", "per-network"] if args.mode == "both" else [args.mode]
+    modes = {"both": ["shared", "per-network"], "all": ["shared", "per-network", "slices"]}.get(
+        args.mode, [args.mode])
     reason = kubeup.absent()
     if reason:
         print(reason, file=sys.stderr)
         return 2
+    if "slices" in modes:
+        unfit = Workload(args.pods, args.networks, args.nodes, args.concurrency, "slices").slices_fit()
+        if unfit:
+            print(unfit, file=sys.stderr)
+            return 2
+        if args.slices_by == "plugin" and "upstream" in impls:
+            print("--slices-by plugin: upstream's plugin cannot assign slices (pass --impl pycni ...)",
+                  file=sys.stderr)
+            return 2
     bundle = None if args.source else BUNDLE
     if bundle is not None and not (bundle / "whereabouts").exists():
         print(f"missing {bundle}/whereabouts: run `make bundle` (or pass --source)", file=sys.stderr)
@@ -660,6 +818,7 @@ def main(argv: list[str] | None = None) -> int:
           f"budget {budget:.0f} s per phase; pycni {'from source' if bundle is None else bundle}")
     reports: list[PhaseReport] = []
     singles: dict[str, dict[str, Any]] = {}
+    slice_notes: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="pycni-ipam-scale-") as tmp:
         scratch = Path(tmp)
         server = kubeup.KubeServer.start(scratch)
@@ -669,11 +828,19 @@ def main(argv: list[str] | None = None) -> int:
                     bundle, args.nodes if label == "pycni+agent" else 0, scratch / label)
                 try:
                     for mode in modes:
-                        wl = Workload(args.pods, args.networks, args.nodes, args.concurrency, mode, budget)
+                        wl = Workload(args.pods, args.networks, args.nodes, args.concurrency, mode, budget,
+                                      slice_controller=args.slices_by == "controller")
                         where = scratch / label / mode
                         tenant = kubeup.Tenant(server, where / "kube", prefix="scale")
                         print(f"  {label} {mode} in namespace {tenant.namespace} ...", flush=True)
-                        rs = run_workload(impl, wl, tenant, where, prefix=f"{n:x}{modes.index(mode):x}")
+                        notes: dict[str, Any] = {}
+                        rs = run_workload(impl, wl, tenant, where, prefix=f"{n:x}{modes.index(mode):x}",
+                                          notes=notes)
+                        if mode == "slices":
+                            slice_notes[label] = {**notes, "assignments": slice_assignments(tenant)}
+                            if "slices_assigned_s" in notes:
+                                print(f"    the node-slice-controller gave every node a slice in "
+                                      f"{notes['slices_assigned_s']:.1f} s", flush=True)
                         reports += rs
                         for r in rs:
                             print(f"    {r.phase}: {r.done}/{r.attachments} in {r.wall_s:.1f} s, "
@@ -692,6 +859,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n## IPAM at scale: {args.pods} pods x {args.networks} networks on {args.nodes} nodes, "
           f"{args.concurrency} at once (load {load0[0]:.2f} -> {load1[0]:.2f})\n")
     print(table(reports))
+    if slice_notes:
+        by = ("upstream's node-slice-controller (started before ADD, every node assigned before the first "
+              "call, stopped after DEL), for every implementation" if args.slices_by == "controller"
+              else "the pycni plugin itself, on each node's first ADD (no controller)")
+        print(f"\nslices: {SLICES_RANGE} in {SLICE_SIZE} slices, network_name {SLICES_NETWORK}; "
+              f"slices assigned by {by}")
     print()
     print(details(reports))
     if singles:
@@ -704,7 +877,10 @@ def main(argv: list[str] | None = None) -> int:
     args.json.write_text(json.dumps({
         "workload": {"pods": args.pods, "networks": args.networks, "nodes": args.nodes,
                      "concurrency": args.concurrency, "budget_s": budget, "modes": modes,
-                     "pycni": "source" if bundle is None else str(bundle)},
+                     "pycni": "source" if bundle is None else str(bundle),
+                     **({"slices": {"range": SLICES_RANGE, "slice_size": SLICE_SIZE,
+                                    "network_name": SLICES_NETWORK, "assigned_by": args.slices_by,
+                                    "runs": slice_notes}} if "slices" in modes else {})},
         "load_avg": {"start": load0, "end": load1}, "cpus": os.cpu_count(),
         "phases": [asdict(r) for r in reports], "uncontended": singles, "default_paths_created": created,
     }, indent=1))
