@@ -118,7 +118,9 @@ def fill(state: Path) -> Path:
 
 @pytest.mark.parametrize("when", ["new-store", "busy-store"])
 def test_full_state_dir(tmp_path: Path, when: str) -> None:
-    with tmpfs(tmp_path / "state", size="512k") as state:
+    # room for 20 concurrent first writers (the WAL grows by their frames until a checkpoint: at 512k a
+    # busy store itself once filled the file system, before the filler); the filler fills it anyway
+    with tmpfs(tmp_path / "state", size="4m") as state:
         db = state / "whereabouts.db"
         conf = base_conf("full", {"local_db": str(db)}, tmp_path, range="198.18.8.0/22")
         atts = [Att(f"full-{i:03d}", "net1", f"ns/p{i}") for i in range(40)]
