@@ -113,6 +113,11 @@ class Combiner:
         self._queue_lock = threading.Lock()
         self._queue: list[Op] = []
 
+    def pending(self) -> int:
+        """Operations queued and not yet taken into a batch."""
+        with self._queue_lock:
+            return len(self._queue)
+
     def run(self, ops: Sequence[Op], execute: Callable[[list[Op]], None]) -> None:
         """Queue `ops`, then run batches until they are done. `execute` must leave every op of its
         batch done or raise; a raised error becomes the error of every op of the batch not yet done."""
