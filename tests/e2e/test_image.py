@@ -45,7 +45,22 @@ from tests.nsutil import RUN, Topology, is_root
 from tests.unit import test_manifests as tm
 
 NODE, NAMESPACE = "node-image-test", "pycni-system"  # the downward API values the DaemonSet reads
-FIELDS = {"spec.nodeName": NODE, "metadata.namespace": NAMESPACE}
+# status.podIP: with hostNetwork the node's address; the agent container runs in the test's own host
+# namespace, where 127.0.0.1 is that namespace's loopback
+FIELDS = {"spec.nodeName": NODE, "metadata.namespace": NAMESPACE, "status.podIP": "127.0.0.1"}
+
+
+def expand(args: list[str], c: dict[str, Any]) -> list[str]:
+    """The container's args with $(VAR) references to its env expanded, as the kubelet does."""
+    env = {e["name"]: FIELDS[e["valueFrom"]["fieldRef"]["fieldPath"]] if "valueFrom" in e else e["value"]
+           for e in c.get("env", [])}  # fmt: skip
+    out = []
+    for arg in args:
+        text = arg
+        for name, value in env.items():
+            text = text.replace(f"$({name})", value)
+        out.append(text)
+    return out
 START_TIMEOUT = 120.0  # a container start plus an install pass on a loaded 2-core machine
 
 
@@ -155,7 +170,8 @@ def run_options(spec: dict[str, Any], c: dict[str, Any], host: Callable[[str], P
     if "runAsUser" in sc:
         opts += ["--user", f"{sc['runAsUser']}:{sc.get('runAsGroup', sc['runAsUser'])}"]
     for e in c.get("env", []):
-        opts += ["--env", f"{e['name']}={FIELDS[e['valueFrom']['fieldRef']['fieldPath']]}"]
+        value = FIELDS[e["valueFrom"]["fieldRef"]["fieldPath"]] if "valueFrom" in e else e["value"]
+        opts += ["--env", f"{e['name']}={value}"]
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
     for m in c.get("volumeMounts", []):
         v = volumes[m["name"]]
@@ -325,7 +341,7 @@ def test_agent_container_serves_a_plugin_call_made_on_the_host(images: Images, t
     shutil.copytree(images.layout, host("/opt/cni/bin"), symlinks=True, dirs_exist_ok=True)
     name = f"{RUN}-agent"
     pm.ok("run", "--detach", "--name", name, *opts, "--entrypoint", c["command"][0], images.v1.tag,
-          *c["command"][1:], netns=topo.host)  # host network: the test's host namespace
+          *expand(c["command"][1:], c), netns=topo.host)  # host network: the test's host namespace
     try:
         sock = host("/run/pycni") / "agent.sock"
         deadline = time.monotonic() + START_TIMEOUT
