@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Hashable, Sequence, Set
 
 from cni import metrics
@@ -21,6 +22,8 @@ from ipam.ranges import IPRange
 from ipam.store.base import Allocation, PoolUpdate, PoolView, Segment
 
 MAX_BATCH = 128  # operations in one pool write (bounds a write's size and its retry cost)
+PACE = 1.0  # the agent's combiners: wait as long as the previous write took before the next (Combiner)
+PACE_MAX = 0.5  # seconds: the longest such wait
 
 
 @record(frozen=False)
@@ -106,12 +109,21 @@ class BatchView:
 
 
 class Combiner:
-    """One per pool (and store) in a process; see the module docstring."""
+    """One per pool (and store) in a process; see the module docstring.
 
-    def __init__(self) -> None:
+    `pace` (the agent's: PACE): a batch starts no sooner than `pace` times the previous batch's duration
+    after it ended (at most PACE_MAX seconds later). A write of a shared pool costs the API server CPU in
+    proportion to the pool's size, and much more when writers of other nodes overlap it (the server redoes
+    a write whose object changed under it): when writes are slow, the node waits as long again, so more
+    operations join each write and the nodes' writes overlap less. When writes are fast the wait is as
+    short as they are. A plugin process (one operation per batch) never waits."""
+
+    def __init__(self, pace: float = 0.0) -> None:
         self._turn = threading.Lock()  # held by the thread running a batch
         self._queue_lock = threading.Lock()
         self._queue: list[Op] = []
+        self.pace = pace
+        self._took = self._ended = 0.0  # the previous batch: how long it ran, when it ended (monotonic)
 
     def pending(self) -> int:
         """Operations queued and not yet taken into a batch."""
@@ -127,10 +139,15 @@ class Combiner:
             with self._turn:
                 if all(op.done for op in ops):
                     return
+                if self.pace and self._took:
+                    gap = min(self._took * self.pace, PACE_MAX) - (time.monotonic() - self._ended)
+                    if gap > 0:
+                        time.sleep(gap)
                 with self._queue_lock:
                     batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
                 if not batch:
                     continue
+                began = time.monotonic()
                 try:
                     execute(batch)
                 except BaseException as e:
@@ -141,17 +158,21 @@ class Combiner:
                         raise  # KeyboardInterrupt, SystemExit: this thread's own business
                 finally:  # each op runs in one batch: count its races lost once, when it is over
                     metrics.conflict("reservation", sum(op.claims.lost for op in batch))
+                    self._ended = time.monotonic()
+                    self._took = self._ended - began
 
 
 class _Registry:
     enabled = False
+    pace = 0.0
     lock = threading.Lock()
     combiners: dict[Hashable, Combiner] = {}
 
 
-def share(enabled: bool = True) -> None:
-    """The agent turns this on once: concurrent calls of the process on one pool then share writes."""
-    _Registry.enabled = enabled
+def share(enabled: bool = True, pace: float = PACE) -> None:
+    """The agent turns this on once: concurrent calls of the process on one pool then share writes,
+    paced by `pace` (Combiner)."""
+    _Registry.enabled, _Registry.pace = enabled, pace
     if not enabled:
         with _Registry.lock:
             _Registry.combiners.clear()
@@ -164,5 +185,5 @@ def combiner(key: Hashable) -> Combiner:
     with _Registry.lock:
         found = _Registry.combiners.get(key)
         if found is None:
-            found = _Registry.combiners[key] = Combiner()
+            found = _Registry.combiners[key] = Combiner(_Registry.pace)
         return found

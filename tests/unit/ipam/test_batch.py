@@ -298,3 +298,32 @@ def test_an_unwritable_snapshot_is_only_a_missed_shortcut(tmp_path: Path) -> Non
         held.save(b"{}")
         assert held.load() is None
     assert sorted(os.listdir(tmp_path / "locks")) == ["p.lock", "p.lock.snap"]
+
+
+def _op() -> batch.Op:
+    return batch.Op("add", rng(), A, False)
+
+
+def test_a_paced_combiner_waits_as_long_as_the_previous_write_took() -> None:
+    """The agent's combiners: the next batch starts no sooner than the previous one's duration after it
+    ended (a lower bound: sleeping never ends early, whatever the machine's speed)."""
+    began: list[float] = []
+    ended: list[float] = []
+
+    def execute(ops: list[batch.Op]) -> None:
+        began.append(time.monotonic())
+        time.sleep(0.05)
+        for op in ops:
+            op.done = True
+        ended.append(time.monotonic())
+
+    paced = batch.Combiner(pace=1.0)
+    paced.run([_op()], execute)
+    paced.run([_op()], execute)
+    assert began[1] - ended[0] >= 0.05 - 0.005  # clock granularity
+
+
+def test_the_agents_combiners_are_paced_and_a_plugin_process_is_not(shared: None) -> None:
+    assert batch.combiner(("store", "pool")).pace == batch.PACE > 0
+    batch.share(False)
+    assert batch.combiner(("store", "pool")).pace == 0
