@@ -15,6 +15,8 @@ DEL, CHECK and GC never assign: a node without a slice has nothing in any slice 
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 from cni import log
@@ -81,12 +83,39 @@ def resolve(
         log.info("NodeSlicePool %s: node %s assigned slice %s", name, node, held[index][1])
         return held[index][1]
 
-    found = retrying(retry or Retry(), f"node slice of {node} in {name}", attempt)
+    server = str(getattr(getattr(getattr(store, "client", None), "conf", None), "server", ""))
+    key = (server, api.namespace, name, node, rng.cidr, conf.node_slice_size)
+    found = _Known.get(key)
+    if found is None:
+        found = retrying(retry or Retry(), f"node slice of {node} in {name}", attempt)
+        if found is not None:
+            _Known.put(key, found)
     if found is None:
         return replace(conf, ranges=())
     net = slices.fits(found, rng, size)
     assert net is not None  # _checked or built by us
     return replace(conf, ranges=(slices.in_slice(rng, net, node, conf.network_name),))
+
+
+class _Known:
+    """This node's slice as this process last read or assigned it, for KEEP seconds: the agent's calls
+    then skip reading the NodeSlicePool (a node keeps its slice while its Node object exists; a NAD
+    with another range or slice size is another key). A plugin process makes one call: no effect."""
+
+    KEEP = 10.0
+    lock = threading.Lock()
+    slices: dict[tuple[str, ...], tuple[float, str]] = {}
+
+    @classmethod
+    def get(cls, key: tuple[str, ...]) -> str | None:
+        with cls.lock:
+            hit = cls.slices.get(key)
+        return hit[1] if hit is not None and time.monotonic() - hit[0] < cls.KEEP else None
+
+    @classmethod
+    def put(cls, key: tuple[str, ...], cidr: str) -> None:
+        with cls.lock:
+            cls.slices[key] = (time.monotonic(), cidr)
 
 
 def _same_spec(obj: dict[str, Any], name: str, conf: IpamConfig) -> None:

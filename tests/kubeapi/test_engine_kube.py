@@ -80,3 +80,22 @@ def test_a_reservation_changed_since_it_was_known_is_read_before_it_is_freed(
                            ("GET", "overlappingrangeipreservations"),
                            ("DELETE", "overlappingrangeipreservations")]  # fmt: skip
     assert tenant.pools() == {POOL: {}} and tenant.reservations() == {}
+
+
+def test_a_nodes_slice_is_read_once_per_process_and_kept_for_a_while(tenant: Tenant, tmp_path: Path) -> None:
+    """Node slices in the agent: the first call reads (here: creates) the NodeSlicePool, the next calls
+    of the process within ipam.nodeslice._Known.KEEP use the slice they know (no request at all)."""
+    from ipam import nodeslice
+
+    store, client = counting_store(tenant.node)
+    conf = from_dict({"range": "198.18.64.0/22", "node_slice_size": "/24", "datastore": "kubernetes",
+                      "kubernetes": {"kubeconfig": str(tenant.node)},
+                      "local_db": str(tmp_path / "state" / "whereabouts.db")})  # fmt: skip
+    first = nodeslice.resolve(conf, store, "slicenet", "node-1", assign=True)
+    assert [m for m, _ in client.sent] == ["GET", "POST"]  # absent: created with node-1 in slice 0
+    del client.sent[:]
+    again = nodeslice.resolve(conf, store, "slicenet", "node-1", assign=False)
+    assert client.sent == [] and again.ranges == first.ranges
+    assert first.ranges[0].cidr == "198.18.64.0/24"
+    other = nodeslice.resolve(conf, store, "slicenet", "node-2", assign=True)  # another key: read
+    assert other.ranges[0].cidr == "198.18.65.0/24" and client.sent
