@@ -59,7 +59,7 @@ class KubeStore:
         self.role = role or rbac.acting()
         # the pools this handle read or created, by (name, version): (pool, metadata). A commit is
         # guarded against the snapshot it was computed from, so it needs that snapshot's entries.
-        self._seen: dict[tuple[str, str], tuple[Pool, dict[str, Any]]] = {}  # -> (pool, object)
+        self._seen: dict[tuple[str, str], tuple[Pool | None, dict[str, Any]]] = {}  # -> (pool, object)
         self._res_meta: dict[str, dict[str, Any]] = {}
         self._scope = (str(getattr(getattr(client, "conf", None), "server", "")), namespace)
 
@@ -117,17 +117,21 @@ class KubeStore:
         obj = self._call("get", POOLS, name)
         if obj is None:
             return None
-        return self._keep(obj)
-
-    def _keep(self, obj: dict[str, Any]) -> Pool:
-        """Remember a pool object as read or as returned by a write: the snapshot commits are guarded
-        against, and the one `snapshot()` hands out."""
         pool = crd.pool_from_object(obj)
-        if pool.version is not None:
-            self._seen[(pool.name, pool.version)] = (pool, obj)
+        self._keep(obj, pool)
+        return pool
+
+    def _keep(self, obj: dict[str, Any], pool: Pool | None = None) -> str:
+        """Remember a pool object as read or as returned by a write (its version; "" if it has none): the
+        snapshot commits are guarded against, and the one `snapshot()` hands out. A written object is
+        turned into a Pool only if a commit is computed from it (`pool` None until then)."""
+        meta = obj.get("metadata") or {}
+        version = str(meta.get("resourceVersion") or "")
+        if version:
+            self._seen[(str(meta.get("name", "")), version)] = (pool, obj)
             while len(self._seen) > SNAPSHOTS:
                 del self._seen[next(iter(self._seen))]  # the oldest
-        return pool
+        return version
 
     def snapshot(self, name: str, version: str) -> bytes | None:
         """Pool `name` at `version` as this handle read or wrote it, serialised for `restore()` (the
@@ -144,8 +148,8 @@ class KubeStore:
             return None
         if not isinstance(obj, dict) or obj.get("kind") != "IPPool":
             return None
-        pool = self._keep(obj)
-        return pool if pool.version is not None else None
+        pool = crd.pool_from_object(obj)
+        return pool if self._keep(obj, pool) else None
 
     def commit_pool(self, pool: Pool, update: PoolUpdate) -> str:
         if pool.version is None:
@@ -160,6 +164,9 @@ class KubeStore:
                 raise Conflict(f"kubernetes: pool {pool.name}: changed since version {pool.version}")
             seen = self._seen[(pool.name, pool.version)]
         base, obj = seen
+        if base is None:
+            base = crd.pool_from_object(obj)
+            self._seen[(pool.name, pool.version)] = (base, obj)
         ops = patch_ops(base, (obj.get("metadata") or {}).get("annotations") or {}, update)
         if not ops:
             return str(pool.version)
@@ -170,7 +177,7 @@ class KubeStore:
 
     def _written(self, name: str, obj: dict[str, Any] | None) -> str:
         """The version of the pool object a create or patch returned (kept as a snapshot)."""
-        version = self._keep(obj).version if obj is not None else None
+        version = self._keep(obj) if obj is not None else ""
         if not version:
             raise StoreUnavailable(f"kubernetes: pool {name}: the server returned no resourceVersion")
         return str(version)
