@@ -5,18 +5,12 @@ no request beyond what the reconciler makes anyway (the server refuses none)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from cni import jsonio
 from tests.kubeapi.test_plugin_kube import call, conf_for, forbidden_count, pods_of
 from tests.kubeup import Tenant
-from tests.nsutil import REPO
-from tests.unit.test_metrics import scrape, value
+from tests.unit.test_metrics import reconciler_scraped, value
 
 
 def test_reconciler_exports_kube_pools(tenant: Tenant, tmp_path: Path) -> None:
@@ -30,27 +24,12 @@ def test_reconciler_exports_kube_pools(tenant: Tenant, tmp_path: Path) -> None:
     ipam_file.write_bytes(jsonio.dumps({"datastore": "kubernetes",
                                         "kubernetes": {"kubeconfig": str(tenant.reconciler)},
                                         "configuration_path": str(tmp_path / "whereabouts.conf")}))
-    cmd = [sys.executable, "-m", "ipam", "--config", str(ipam_file), "reconcile", "--pods=kubernetes",
-           "--interval=0.5", "--metrics=127.0.0.1:0"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline().decode()
-        assert line.startswith("metrics on http://127.0.0.1:"), line
-        deadline = time.monotonic() + 120
-        while True:  # wait for the first run to end, however slow the machine
-            got = scrape(line.split()[-1])
-            if value(got, "pycni_reconcile_runs_total", result="ok") or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+    args = ["--config", str(ipam_file), "reconcile", "--pods=kubernetes"]
+    with reconciler_scraped(args, 0.5, 120) as got:
         assert (value(got, "pycni_reconcile_runs_total", result="ok") or 0) >= 1, got
         assert value(got, "pycni_ipam_pool_size", store="kubernetes", pool="198.51.100.0-29") == 6
         assert value(got, "pycni_ipam_pool_used", store="kubernetes", pool="198.51.100.0-29") == 1
         assert value(got, "pycni_reconcile_freed_total", kind="allocation") == 1
         assert value(got, "pycni_reconcile_freed_total", kind="reservation") == 1
         assert value(got, "pycni_reconcile_runs_total", result="error") is None
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
     assert forbidden_count(tenant.server) == refused

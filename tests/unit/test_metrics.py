@@ -4,6 +4,7 @@ prometheus_client's own parser; and that a plugin call never imports prometheus_
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -359,33 +360,40 @@ def test_reconcile_run_reports_every_pool_and_what_it_freed(rec: Recorder, tmp_p
     assert rec.of("reconciled") == [("reconciled", True, {"allocation": 2, "reservation": 2})]
 
 
-def test_reconciler_process_serves_its_metrics(tmp_path: Path) -> None:
-    db = seeded_db(tmp_path)
-    pods = tmp_path / "pods.json"
-    pods.write_text('[{"namespace": "ns", "name": "a", "uid": "uid-a"}]')
-    cmd = [sys.executable, "-m", "ipam", "--local-db", db, "reconcile", f"--pods=file:{pods}",
-           "--interval=0.2", "--metrics=127.0.0.1:0"]
+@contextlib.contextmanager
+def reconciler_scraped(args: list[str], interval: float, wait: float) -> Iterator[list[Sample]]:
+    """`python -m ipam ARGS reconcile ... --interval=INTERVAL --metrics=127.0.0.1:0` from source: its
+    metrics, scraped once its first run is over (waiting up to `wait` s, however slow the machine); then
+    SIGTERM, which it must answer with exit 0."""
+    cmd = [sys.executable, "-m", "ipam", *args, f"--interval={interval:g}", "--metrics=127.0.0.1:0"]
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     try:
         assert proc.stderr is not None
         line = proc.stderr.readline().decode()
         assert line.startswith("metrics on http://127.0.0.1:"), line
-        url = line.split()[-1]
-        deadline = time.monotonic() + 60
-        while True:  # the first run may not be over yet: wait for it, however slow the machine
-            got = scrape(url)
+        deadline = time.monotonic() + wait
+        while True:
+            got = scrape(line.split()[-1])
             if value(got, "pycni_reconcile_runs_total", result="ok") or time.monotonic() > deadline:
                 break
-            time.sleep(0.1)
+            time.sleep(interval / 2)
+        yield got
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+
+
+def test_reconciler_process_serves_its_metrics(tmp_path: Path) -> None:
+    db = seeded_db(tmp_path)
+    pods = tmp_path / "pods.json"
+    pods.write_text('[{"namespace": "ns", "name": "a", "uid": "uid-a"}]')
+    with reconciler_scraped(["--local-db", db, "reconcile", f"--pods=file:{pods}"], 0.2, 60) as got:
         assert (value(got, "pycni_reconcile_runs_total", result="ok") or 0) >= 1
         assert value(got, "pycni_ipam_pool_size", store="local", pool="blue-198.51.100.0-24") == 254
         assert value(got, "pycni_ipam_pool_used", store="local", pool="blue-198.51.100.0-24") == 1  # B freed
         assert value(got, "pycni_reconcile_freed_total", kind="allocation") == 2
         assert value(got, "pycni_build_info", component="reconciler", build="source") == 1
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
 
 
 # ---- flags ----------------------------------------------------------------------------------------
