@@ -129,6 +129,8 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
     tmp = tmp_path_factory.mktemp("image")
     (tmp / "containers.conf").write_text(CONTAINERS_CONF.format(tmp=tmp))
     pm = Podman(tmp, Path(tempfile.mkdtemp(prefix="pycni-im-")))
+    bridge = Path("/sys/class/net/cni-podman0")  # podman's default network, should a run ever use it
+    had_bridge = bridge.exists()
     try:
         v1 = image.build_image(layout, f"localhost/{RUN}-pycni:1", tmp / "work1", pm.prefix())
         version = manifest.load(layout / manifest.FILENAME).version
@@ -140,6 +142,8 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
         pm("rmi", "--all", "--force")
         shutil.rmtree(pm.short, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)  # the storage, build contexts and the second layout
+        if not had_bridge and bridge.exists():  # made by this session's podman: remove exactly that
+            subprocess.run(["ip", "link", "delete", "cni-podman0"], check=False)
 
 
 def pod_spec() -> dict[str, Any]:
@@ -156,7 +160,9 @@ def run_options(spec: dict[str, Any], c: dict[str, Any], host: Callable[[str], P
     """podman options for container c of pod spec, as the manifests say; `host` maps a hostPath (or
     `emptyDir/<name>`, `configMap/<name>`) to the directory of the test's own that stands for it.
     Resources are not applied (cgroup limits are the kubelet's, not something the image decides)."""
-    opts = ["--network", "host"] if spec.get("hostNetwork") else []
+    # a pod network is the kubelet's business: no podman network (its default one would add the bridge
+    # cni-podman0 to the machine's root namespace)
+    opts = ["--network", "host" if spec.get("hostNetwork") else "none"]
     opts += ["--pid", "host"] if spec.get("hostPID") else []
     sc = c.get("securityContext", {})
     if sc.get("privileged"):
