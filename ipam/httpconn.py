@@ -1,6 +1,7 @@
 """One kept-alive HTTP(S) connection to one server: the HTTP layer of every cluster store (the
-Kubernetes API, ipam.kubeapi; etcd's JSON gateway, ipam.store.etcdgw). http.client and ssl only: a few
-milliseconds to import, where a client library's stack (urllib3, requests) costs tens (README: IPAM,
+Kubernetes API, ipam.kubeapi; etcd's JSON gateway, ipam.store.etcdgw). Sockets and ssl only: HTTP/1.1
+as these two servers speak it (Content-Length, chunked or close-delimited answers, keep-alive) is a
+small reader; http.client would add the email package's parser to every plugin call (README: IPAM,
 "One HTTP layer").
 
 - Timeouts: `connect` bounds the TCP connect, `read` the TLS handshake and every read of an answer.
@@ -8,15 +9,17 @@ milliseconds to import, where a client library's stack (urllib3, requests) costs
   a request on a fresh connection is never sent twice by this layer (a write is never repeated).
 - TLS: the caller's ssl.SSLContext; `server_name` overrides the name checked and sent in SNI.
 - Proxy: an `http://` proxy tunnels (CONNECT) to an https server and forwards plain http.
-Errors are OSError (SlowAnswer: a timeout waiting for the answer), ssl.SSLError and
-http.client.HTTPException, for the caller to map."""
+Errors are OSError (SlowAnswer: a timeout waiting for the answer; BadAnswer: not HTTP/1.x) and
+ssl.SSLError, for the caller to map."""
 
 from __future__ import annotations
 
-import http.client
 import socket
 import ssl
 from urllib.parse import urlsplit
+
+MAX_LINE = 65536  # a status or header line, a chunk-size line
+MAX_HEADERS = 200
 
 
 class SlowAnswer(TimeoutError):
@@ -24,21 +27,12 @@ class SlowAnswer(TimeoutError):
     a busy server (an outage fails to connect instead). The request may or may not have been applied."""
 
 
-class _TLSConnection(http.client.HTTPSConnection):
-    """HTTPSConnection whose certificate check and SNI use `server_name` (kubeconfig tls-server-name)."""
+class BadAnswer(OSError):
+    """The server's answer is not HTTP/1.x as this reader understands it."""
 
-    def __init__(
-        self, host: str, port: int, server_name: str, context: ssl.SSLContext, timeout: float,
-        handshake: float,
-    ) -> None:
-        super().__init__(host, port, timeout=timeout, context=context)
-        self.server_name, self.tls_context, self.handshake = server_name, context, handshake
 
-    def connect(self) -> None:
-        http.client.HTTPConnection.connect(self)  # TCP, and the proxy tunnel when set
-        # the TLS handshake is the server's work (a busy API server takes seconds): the read bound
-        self.sock.settimeout(self.handshake)
-        self.sock = self.tls_context.wrap_socket(self.sock, server_hostname=self.server_name)
+class Closed(ConnectionResetError):
+    """The server closed the connection before its answer began."""
 
 
 class Connection:
@@ -63,32 +57,35 @@ class Connection:
         self.connect_timeout, self.read_timeout = connect, read
         self.server_name = server_name
         self.proxy = urlsplit(proxy) if proxy else None
-        self._conn: http.client.HTTPConnection | None = None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = 443 if self.scheme == "https" else 80
+        self.authority = host if self.port == default else f"{host}:{self.port}"
+        self._sock: socket.socket | None = None
+        self._in: _Reader | None = None
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = self._in = None
 
     def request(
         self, method: str, path: str, body: bytes | None, headers: dict[str, str]
     ) -> tuple[int, bytes]:
         """One request; (status, body)."""
         target = self.prefix + path
+        if self.proxy is not None and self.scheme == "http":
+            target = f"http://{self.authority}{target}"
+        message = _message(method, target, self.authority, body, headers)
         for attempt in (0, 1):
-            reused = self._conn is not None
-            conn = self._open()
+            reused = self._sock is not None
+            sock, reader = self._open()
             try:
-                if self.proxy is not None and self.scheme == "http":
-                    conn.request(method, f"http://{self.host}:{self.port}{target}", body, headers)
-                else:
-                    conn.request(method, target, body, headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                if resp.will_close:
+                sock.sendall(message)
+                status, data, keep = _answer(reader, method)
+                if not keep:
                     self.close()
-                return resp.status, data
-            except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
+                return status, data
+            except (ConnectionResetError, BrokenPipeError):  # Closed included
                 self.close()
                 if not reused or attempt:
                     raise
@@ -100,33 +97,146 @@ class Connection:
                 raise
         raise AssertionError("unreachable")
 
-    def _open(self) -> http.client.HTTPConnection:
-        if self._conn is not None:
-            return self._conn
+    def _open(self) -> tuple[socket.socket, _Reader]:
+        if self._sock is not None and self._in is not None:
+            return self._sock, self._in
         host, port = self.host, self.port
         if self.proxy is not None:
             host, port = self.proxy.hostname or "", self.proxy.port or 80
-        conn: http.client.HTTPConnection
-        if self.scheme == "https":
-            assert self.tls is not None
-            conn = _TLSConnection(
-                host, port, self.server_name or self.host, self.tls, self.connect_timeout, self.read_timeout
-            )
-            if self.proxy is not None:
-                conn.set_tunnel(self.host, self.port)
-        else:
-            conn = http.client.HTTPConnection(host, port, timeout=self.connect_timeout)
+        sock = socket.create_connection((host, port), timeout=self.connect_timeout)
         try:
-            conn.connect()
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # the TLS handshake and the proxy's answer are the server's work: the read bound
+            sock.settimeout(self.read_timeout)
+            if self.proxy is not None and self.scheme == "https":
+                _tunnel(sock, self.host, self.port)
+            if self.scheme == "https":
+                assert self.tls is not None
+                sock = self.tls.wrap_socket(sock, server_hostname=self.server_name or self.host)
         except BaseException:
-            conn.close()
+            sock.close()
             raise
-        if conn.sock is not None:
-            conn.sock.settimeout(self.read_timeout)
-            if conn.sock.family in (socket.AF_INET, socket.AF_INET6):
-                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._conn = conn
-        return conn
+        self._sock, self._in = sock, _Reader(sock)
+        return sock, self._in
+
+
+def _message(method: str, target: str, authority: str, body: bytes | None, headers: dict[str, str]) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}", "Accept-Encoding: identity"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    if body is not None or method in ("POST", "PUT", "PATCH"):
+        lines.append(f"Content-Length: {len(body or b'')}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+
+
+def _tunnel(sock: socket.socket, host: str, port: int) -> None:
+    """CONNECT through an http proxy; nothing past the proxy's answer is read (the TLS server speaks
+    only after our hello)."""
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    sock.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode("latin-1"))
+    head = b""
+    while b"\r\n\r\n" not in head:
+        part = sock.recv(1)
+        if not part:
+            raise Closed("the proxy closed the connection")
+        head += part
+        if len(head) > MAX_LINE:
+            raise BadAnswer("the proxy's answer is too long")
+    status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = status_line.split(" ", 2)
+    if len(parts) < 2 or parts[1] != "200":
+        raise OSError(f"Tunnel connection failed: {' '.join(parts[1:]) or status_line}")
+
+
+class _Reader:
+    """Buffered reads from a (TLS) socket: lines and exact lengths."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, b""
+
+    def _fill(self) -> bool:
+        data = self.sock.recv(65536)
+        self.buf += data
+        return bool(data)
+
+    def line(self) -> bytes:
+        """One line without its CRLF; b"" when the server closed before sending any byte of it."""
+        while (end := self.buf.find(b"\n")) < 0:
+            if len(self.buf) > MAX_LINE:
+                raise BadAnswer("line too long")
+            if not self._fill():
+                if self.buf:
+                    raise BadAnswer("the answer ended inside a line")
+                return b""
+        line, self.buf = self.buf[:end], self.buf[end + 1:]
+        return line.rstrip(b"\r")
+
+    def exact(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            if not self._fill():
+                raise BadAnswer(f"the answer ended {n - len(self.buf)} bytes early")
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def rest(self) -> bytes:
+        while self._fill():
+            pass
+        data, self.buf = self.buf, b""
+        return data
+
+
+def _answer(reader: _Reader, method: str) -> tuple[int, bytes, bool]:
+    """(status, body, keep the connection)."""
+    while True:
+        line = reader.line()
+        if not line:
+            raise Closed("the server closed the connection without an answer")
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise BadAnswer(f"not an HTTP/1.x status line: {line[:80]!r}")
+        status, version = int(parts[1]), parts[0]
+        fields = _fields(reader)
+        if not 100 <= status < 200:  # an interim answer (100 Continue) is followed by the real one
+            break
+    conn = fields.get("connection", "").lower()
+    keep = "keep-alive" in conn if version == b"HTTP/1.0" else "close" not in conn
+    if method == "HEAD" or status in (204, 304):
+        return status, b"", keep
+    if "chunked" in fields.get("transfer-encoding", "").lower():
+        return status, _chunked(reader), keep
+    if "content-length" in fields:
+        try:
+            length = int(fields["content-length"])
+        except ValueError:
+            raise BadAnswer(f"bad Content-Length {fields['content-length']!r}") from None
+        return status, reader.exact(length), keep
+    return status, reader.rest(), False
+
+
+def _fields(reader: _Reader) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for _ in range(MAX_HEADERS):
+        line = reader.line()
+        if not line:
+            return fields
+        name, sep, value = line.decode("latin-1").partition(":")
+        if sep:
+            fields[name.strip().lower()] = value.strip()
+    raise BadAnswer("too many header lines")
+
+
+def _chunked(reader: _Reader) -> bytes:
+    out: list[bytes] = []
+    while True:
+        size_line = reader.line().split(b";", 1)[0].strip()
+        try:
+            size = int(size_line, 16)
+        except ValueError:
+            raise BadAnswer(f"bad chunk size {size_line[:20]!r}") from None
+        if size == 0:
+            _fields(reader)  # trailers, up to the blank line
+            return b"".join(out)
+        out.append(reader.exact(size))
+        reader.exact(2)  # the chunk's CRLF
 
 
 def describe(e: BaseException) -> str:

@@ -1,5 +1,5 @@
 """The Kubernetes API as the IPAM uses it: a kubeconfig, and JSON requests over one kept-alive
-connection of ipam.httpconn (http.client + ssl), the same HTTP layer as the etcd store. Shared by the CRD
+connection of ipam.httpconn (sockets + ssl), the same HTTP layer as the etcd store. Shared by the CRD
 store (ipam.store.kube) and the pod source (ipam.kubepods).
 
 Why not the `kubernetes` client: every CNI call is a fresh process, and its REST layer alone (urllib3)
@@ -20,7 +20,6 @@ Requests have bounded timeouts (connect, read) and no hidden retries of writes; 
 from __future__ import annotations
 
 import base64
-import http.client
 import os
 import shutil
 import ssl
@@ -269,7 +268,7 @@ class Client:
             return self.http.request(method, target, data, headers)
         except SlowAnswer as e:
             raise Busy(f"{self.conf.server}: {describe(e)}") from None
-        except (OSError, http.client.HTTPException) as e:
+        except OSError as e:
             raise Unreachable(f"{self.conf.server}: {describe(e)}") from None
 
     def close(self) -> None:

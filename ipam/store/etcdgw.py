@@ -1,5 +1,5 @@
 """etcd v3 through its own JSON gRPC gateway (`POST /v3/kv/range`, `/v3/kv/txn`, `/v3/auth/authenticate`;
-keys and values base64, int64s as strings), over http.client and ssl: no grpc, no protobuf, a few
+keys and values base64, int64s as strings), over ipam.httpconn (sockets and ssl): no grpc, no protobuf, a few
 milliseconds to import. Served by every etcd since 3.4 on the client port (3.3 only under /v3beta).
 Why not the `etcd3` package: see README.md (IPAM, etcd).
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import http.client
 import os
 import ssl
 from collections.abc import Iterable
@@ -228,7 +227,7 @@ class Gateway:
             try:
                 status, answer = self._send(ep, method, data, headers)
                 return _decode(ep, method, status, answer)
-            except (OSError, http.client.HTTPException) as e:
+            except OSError as e:
                 errors.append(f"{ep}: {describe(e)}")
             except Rejected as e:
                 if e.code != UNAVAILABLE:  # no leader, leader changed, request timed out: ask another
