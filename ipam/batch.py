@@ -43,6 +43,7 @@ class Op:
     claims: Claims = field(default_factory=Claims)
     offsets: list[int] = field(default_factory=list)  # add: [the address]
     freed: list[tuple[int, Allocation]] = field(default_factory=list)  # del: offsets and entries freed
+    known: dict[str, str] = field(default_factory=dict)  # del: versions of the freed reservations, if known
     begun: float = 0.0  # when the op started
     started: float = 0.0  # when it last saw progress (its start, or a race lost to another writer)
     error: BaseException | None = None
@@ -176,6 +177,11 @@ def share(enabled: bool = True, pace: float = PACE) -> None:
     if not enabled:
         with _Registry.lock:
             _Registry.combiners.clear()
+
+
+def sharing() -> bool:
+    """Whether this process shares writes between its threads (the agent)."""
+    return _Registry.enabled
 
 
 def combiner(key: Hashable) -> Combiner:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from cni import faults, log
 from cni.errors import CheckError, CniError, Code, TryAgainError
-from ipam import allocator, batch, nodelock
+from ipam import allocator, batch, nodelock, nodequeue
 from ipam.allocator import SnapshotView
 from ipam.batch import BatchView, Claims, Op
 from ipam.config import IpamConfig
@@ -105,14 +105,22 @@ class Engine:
             op.started = op.begun = now
         name = self.pool_name(ops[0].rng)
         what = f"{'allocating' if ops[0].kind == 'add' else 'releasing'} in {ops[0].rng.cidr}"
-        batch.combiner((self.identity, name)).run(
-            ops, lambda group: self._retrying(what, lambda: self._step(name, group))
-        )
+        ticket = path = None
+        if self.lock_dir and not batch.sharing():  # a plugin process: share writes with the node's others
+            path = nodelock.path_for(self.lock_dir, self.identity, ops[0].owner.node, name)
+            ticket = nodequeue.publish(path, ops)
+        try:
+            batch.combiner((self.identity, name)).run(
+                ops, lambda group: self._retrying(what, lambda: self._step(name, group, ticket))
+            )
+        finally:
+            if ticket is not None and path is not None and not ticket.closed:
+                _withdraw(ticket, path)  # giving up: a holder may have decided it meanwhile
         for op in ops:
             if op.error is not None:
                 raise op.error
 
-    def _step(self, name: str, ops: list[Op]) -> None:
+    def _step(self, name: str, ops: list[Op], ticket: nodequeue.Ticket | None = None) -> None:
         """One read-modify-write of pool `name` for every op of the batch not yet done: each decided in
         turn against the pool plus the decisions before it, then one write. A Conflict on the write
         leaves every op pending (the retry reads the pool again; reservations already made are kept).
@@ -126,12 +134,23 @@ class Engine:
         the reservations a pass created took round trips during which the pool may have moved on: the
         pool is read again and the batch decided again on it (each op keeps the address it reserved, no
         request), so the write follows its read at once instead of losing the compare-and-swap to
-        whoever wrote meanwhile. A merging store guards entry by entry: no need."""
+        whoever wrote meanwhile. A merging store guards entry by entry: no need.
+
+        A plugin process (`ticket`: its ops in the node's queue, ipam.nodequeue) that gets the lock
+        after another holder decided its ops is done without a request; a holder takes the ops other
+        plugin processes left in the queue into its batch and answers them once its write succeeded."""
         pending = [op for op in ops if not op.done]
         if not pending:
             return
         rng = pending[0].rng
         with self._atomic(name, pending[0].owner.node) as lock:
+            if lock is not None and ticket is not None and ticket.answered():
+                ticket.close()
+                return  # decided and written by another call on this node
+            taken = nodequeue.take(ticket if lock is not None else None, batch.MAX_BATCH - len(pending))
+            for op in taken.ops:
+                op.started = op.begun = self.retry.clock()
+            pending += taken.ops
             hot = None if lock is None else lock.hot()
             lost = sum(op.claims.lost for op in pending)
             # the node's snapshot only for DELs (an entry missing from it is looked up in the stored
@@ -163,11 +182,45 @@ class Engine:
                     raise
                 faults.point("store-commit")  # tests: inside the store transaction, before it ends
             self._keep_view(lock, name, version)
+            if lock is not None:
+                self._remember(lock, decided)
+            for op in decided:
+                op.done = True
+            taken.answer()
+            if lock is not None and ticket is not None and all(op.done for op in ticket.ops):
+                ticket.close()  # under the lock: no holder takes it after this
         for op in decided:
-            op.done = True
             if op.kind == "add":
                 log.debug("%s %s: %s (%s)", op.owner.container_id, op.owner.ifname,
                           op.rng.address(op.offsets[0]), name)  # fmt: skip
+
+    def _remember(self, lock: nodelock.Held, decided: list[Op]) -> None:
+        """Keep beside the node lock the reservations this write's ADDs created (their versions), and
+        hand each DEL the versions of the reservations it freed: its process deletes them with that
+        version as a precondition instead of reading them first (a plugin process knows nothing of
+        the ADD's process). Only a hint: a reservation changed since is a Conflict, then read."""
+        if not any(op.overlapping for op in decided):
+            return
+        known = lock.reservations()
+        changed = False
+        for op in decided:
+            if not op.overlapping:
+                continue
+            if op.kind == "add":
+                res = self.reservation_name(op.rng, op.offsets[0])
+                if res in op.claims.created:
+                    known[res] = [op.claims.created[res], *op.owner]
+                    changed = True
+                continue
+            for offset, held in op.freed:
+                res = self.reservation_name(op.rng, offset)
+                entry = known.pop(res, None)
+                changed = changed or entry is not None
+                whole = isinstance(entry, list) and len(entry) == 7
+                if entry and whole and Allocation(*map(str, entry[1:])).same_attachment(held):
+                    op.known[res] = str(entry[0])
+        if changed:
+            lock.keep_reservations(known)
 
     def _kept_view(self, rng: IPRange, lock: nodelock.Held | None) -> PoolView | None:
         """The pool as the previous writer on this node left it (see _step), if usable."""
@@ -338,7 +391,9 @@ class Engine:
         self._run([op])
         if self.conf.overlapping:
             for offset, held in op.freed:
-                self._unclaim(self.reservation_name(rng, offset), functools.partial(_reserved_for, held=held))
+                name = self.reservation_name(rng, offset)
+                hint = Reservation(name, held, op.known[name]) if name in op.known else None
+                self._unclaim(name, functools.partial(_reserved_for, held=held), hint)
         return bool(op.freed)
 
     def _sweep_reservations(self, owner: Allocation) -> None:
@@ -384,9 +439,13 @@ class Engine:
                 self.store.commit_pool(pool, PoolUpdate(remove=remove))
             return [int(k) for k in remove if k.isdigit()]
 
-    def _unclaim(self, name: str, doomed: Callable[[Allocation], bool]) -> None:
+    def _unclaim(
+        self, name: str, doomed: Callable[[Allocation], bool], hint: Reservation | None = None
+    ) -> None:
+        """Delete reservation `name` if `doomed` says so of its owner: with the version this process
+        knows (the store's memory, else `hint`, the node's) as a precondition, else read first."""
         known = getattr(self.store, "known_reservation", None)
-        res = known(name) if known is not None else None
+        res = (known(name) if known is not None else None) or hint
         if res is not None and doomed(res.owner):
             try:  # as this process last wrote or read it: deleted if it is still that version
                 self.store.delete_reservation(res)
@@ -443,6 +502,19 @@ class Engine:
                 errors.append(e)
         if errors:
             raise CniError("GC: " + "; ".join(e.msg for e in errors), code=int(errors[0].code))
+
+
+def _withdraw(ticket: nodequeue.Ticket, path: str) -> None:
+    """Withdraw a request under the node lock, taking the outcome a holder left for it, if any."""
+    try:
+        with nodelock.held(path) as lock:
+            if lock is not None:
+                ticket.answered()
+            ticket.close()
+    except CniError as e:  # a hung holder: the call's own error is what it answers
+        log.warning("node queue: request withdrawn without the lock: %s", e)
+    finally:
+        ticket.close()
 
 
 def _same_network(stored: str, rng: IPRange) -> bool:

@@ -31,13 +31,14 @@ import threading
 import time
 from collections.abc import Iterator
 
-from cni import log
+from cni import jsonio, log
 from cni.errors import TryAgainError
 
 # seconds without any holder making progress before a waiter gives up: longer than one attempt of a
 # live holder can take on an overloaded API server (a few requests, each up to its 10 s read timeout)
 PATIENCE = 60.0
 LIMIT = 120.0  # absolute bound on one wait (upstream whereabouts' ADD limit)
+KNOWN_MAX = 4096  # reservations remembered per pool and node (Held.reservations)
 POLL = (0.001, 0.02)  # first and longest sleep between tries when polling, seconds
 
 
@@ -96,13 +97,32 @@ class Held:
         """Leave `snapshot` (None: nothing, and any older one no longer counts) for the next holder."""
         if snapshot is None:
             return  # the counter already moved past the old snapshot's stamp
-        tmp = f"{self.path}.snap.{os.getpid()}.{threading.get_ident()}"
+        self._write(".snap", self.count.to_bytes(8, "little") + snapshot)
+
+    def reservations(self) -> dict[str, list[str]]:
+        """The reservations this node's writers of the pool created and still hold, as they were
+        created: name -> [version, *owner fields] (`<lock>.res`; possibly stale, never trusted alone:
+        a delete with that version fails as a Conflict once the object changed)."""
+        try:
+            with open(self.path + ".res", "rb") as f:
+                doc = jsonio.loads(f.read(), "known reservations")
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def keep_reservations(self, known: dict[str, list[str]]) -> None:
+        while len(known) > KNOWN_MAX:  # the oldest go first
+            del known[next(iter(known))]
+        self._write(".res", jsonio.dumps(known))
+
+    def _write(self, suffix: str, data: bytes) -> None:
+        tmp = f"{self.path}{suffix}.{os.getpid()}.{threading.get_ident()}"
         try:
             with open(tmp, "wb", opener=_private) as out:
-                out.write(self.count.to_bytes(8, "little") + snapshot)
-            os.replace(tmp, self.path + ".snap")
+                out.write(data)
+            os.replace(tmp, self.path + suffix)
         except OSError as e:
-            log.debug("pool snapshot %s not kept: %s", self.path, e.strerror)
+            log.debug("%s%s not kept: %s", self.path, suffix, e.strerror)
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
 

@@ -4,6 +4,7 @@ what it skips never costs correctness: an entry the snapshot does not hold is st
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ipam.config import from_dict
@@ -99,3 +100,132 @@ def test_a_nodes_slice_is_read_once_per_process_and_kept_for_a_while(tenant: Ten
     assert first.ranges[0].cidr == "198.18.64.0/24"
     other = nodeslice.resolve(conf, store, "slicenet", "node-2", assign=True)  # another key: read
     assert other.ranges[0].cidr == "198.18.65.0/24" and client.sent
+
+
+def test_calls_waiting_on_the_node_lock_are_served_by_the_holders_write(
+    tenant: Tenant, tmp_path: Path
+) -> None:
+    """Plugin processes of one node (ipam.nodequeue): B and C wait behind the node lock with their ADDs
+    in the queue; A's call takes them into its write (one PATCH for three addresses, a reservation
+    each) and answers them; B then finds its answer under the lock and sends nothing. A request
+    whose caller died is dropped, not served."""
+    from ipam import batch, nodelock, nodequeue
+
+    engine, sent = _engine(tenant, tmp_path)
+    rng = engine.conf.ranges[0]
+    lock = nodelock.path_for(engine.lock_dir, engine.identity, "node-1", POOL)
+    C = Allocation("c" * 64, "ns/c", "net1", "uid-c", "blue", "node-1")
+    D = Allocation("d" * 64, "ns/d", "net1", "uid-d", "blue", "node-1")
+    engine.add(Allocation("e" * 64, "ns/e", "net1", "uid-e", "blue", "node-1"))  # the pool exists
+    del sent[:]
+    waiting = {who.podref: nodequeue.publish(lock, [batch.Op("add", rng, who, True)]) for who in (B, C, D)}
+    dead = waiting.pop("ns/d")
+    assert dead is not None
+    os.close(dead.fd)  # D's caller died: its flock is gone, its file stays
+    [(_, a)] = engine.add(A)
+    assert _sent(sent) == [("GET", "ippools"), *[("POST", "overlappingrangeipreservations")] * 3,
+                           ("PATCH", "ippools")]  # fmt: skip
+    assert not os.path.exists(dead.path)
+    b, c = waiting["ns/b"], waiting["ns/c"]
+    assert b is not None and c is not None
+    other, sent_b = _engine(tenant, tmp_path)
+    other._step(POOL, b.ops, b)  # B's turn at the lock: its answer is there
+    assert sent_b == [] and b.ops[0].done and b.ops[0].error is None
+    assert c.answered()
+    offsets = {a, b.ops[0].offsets[0], c.ops[0].offsets[0]}
+    assert len(offsets) == 3
+    pool = {k: v for k, v in tenant.pools()[POOL].items() if v["podref"] != "ns/e"}
+    assert {int(k) for k in pool} == offsets
+    assert {v["podref"] for v in pool.values()} == {"ns/a", "ns/b", "ns/c"}
+    assert len(tenant.reservations()) == 4
+    for t in (b, c):
+        t.close()
+
+
+def test_plugin_processes_queued_on_one_node_share_one_pool_write(tenant: Tenant, tmp_path: Path) -> None:
+    """Four ADD processes of one node start while the node lock is held (here by the test): each leaves
+    its request in the queue and waits; the first to get the lock writes the pool once for all four,
+    and each process answers with its own, distinct address."""
+    import subprocess
+    import sys
+    import time
+
+    from cni import jsonio
+    from ipam import nodelock
+    from tests.concurrency.harness import Att, base_conf, run_inline
+    from tests.nsutil import REPO
+
+    conf = base_conf("blue", {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(tenant.node)}},
+                     tmp_path, range="198.51.100.0/24")  # fmt: skip
+    rc, _ = run_inline(Att("0" * 64, "net1", f"{tenant.namespace}/warm").env("ADD"), conf)  # the pool exists
+    assert rc == 0
+    [lock] = (tmp_path / "state" / "pool-locks").glob("*.lock")
+    before = tenant.server.request_counts()
+    atts = [Att(f"{k}" * 64, "net1", f"{tenant.namespace}/p{k}") for k in range(1, 5)]
+    procs = []
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYCNI_AGENT": "off"}
+    stdin = tmp_path / "conf.json"
+    stdin.write_bytes(jsonio.dumps(conf))
+    with nodelock.held(str(lock)):
+        for att in atts:
+            with open(stdin, "rb") as conf_in:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "cni", "whereabouts"], cwd=REPO, stdin=conf_in,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**env, **att.env("ADD")},
+                ))  # fmt: skip
+        deadline = time.monotonic() + 120
+        while len(list(Path(f"{lock}.q").glob("*.req"))) < len(atts):  # all four wait in the queue
+            assert time.monotonic() < deadline, "the calls never queued"
+            assert all(p.poll() is None for p in procs), "a call ended while the lock was held"
+            time.sleep(0.05)
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-500:] for _, err in outs]
+    addresses = {jsonio.loads(out)["ips"][0]["address"] for out, _ in outs}
+    assert len(addresses) == 4
+    after = tenant.server.request_counts()
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after if k[1] == "ippools"}
+    assert sum(n for (verb, _, _), n in delta.items() if verb == "PATCH") == 1, delta
+    assert list(Path(f"{lock}.q").glob("*.req")) == [] and list(Path(f"{lock}.q").glob("*.out")) == []
+
+
+def test_a_plugin_process_frees_the_reservation_its_nodes_add_made_without_reading_it(
+    tenant: Tenant, tmp_path: Path
+) -> None:
+    """Separate processes (nothing shared in memory): the ADD's write leaves the reservation's version
+    beside the node lock, and the DEL process deletes it with that version as a precondition, no GET.
+    A reservation rewritten since is read and judged (and still freed)."""
+    import subprocess
+    import sys
+
+    from cni import jsonio
+    from tests.concurrency.harness import Att, base_conf
+    from tests.nsutil import REPO
+
+    conf = base_conf("blue", {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(tenant.node)}},
+                     tmp_path, range="198.51.100.0/24")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYCNI_AGENT": "off"}
+
+    def call(att: Att, command: str) -> dict[tuple[str, str], float]:
+        before = tenant.server.request_counts()
+        p = subprocess.run([sys.executable, "-m", "cni", "whereabouts"], input=jsonio.dumps(conf),
+                           cwd=REPO, env={**env, **att.env(command)}, capture_output=True, timeout=120,
+                           check=False)  # fmt: skip
+        assert p.returncode == 0, p.stdout + p.stderr[-1000:]
+        delta: dict[tuple[str, str], float] = {}
+        for key, n in tenant.server.request_counts().items():
+            verb, resource, _ = key
+            if resource in ("ippools", "overlappingrangeipreservations") and n > before.get(key, 0):
+                delta[verb, resource] = delta.get((verb, resource), 0) + n - before.get(key, 0)
+        return delta
+
+    one, two = (Att(f"{k}" * 64, "net1", f"{tenant.namespace}/p{k}") for k in (1, 2))
+    call(one, "ADD")
+    call(two, "ADD")
+    assert call(one, "DEL") == {("PATCH", "ippools"): 1, ("DELETE", "overlappingrangeipreservations"): 1}
+    path = tenant.path("overlappingrangeipreservations", "198.51.100.2")
+    obj = tenant.server.request("GET", path)
+    obj["metadata"].setdefault("labels", {})["touched"] = "yes"  # a new resourceVersion, same owner
+    tenant.server.request("PUT", path, obj)
+    assert call(two, "DEL") == {("PATCH", "ippools"): 1, ("DELETE", "overlappingrangeipreservations"): 2,
+                                ("GET", "overlappingrangeipreservations"): 1}  # fmt: skip
+    assert tenant.reservations() == {} and tenant.pools() == {POOL: {}}

@@ -1,0 +1,87 @@
+"""ipam.nodequeue without a store: requests and outcomes round-trip through the queue directory, a dead
+caller's request is dropped, a withdrawn one is never taken, and the files are private."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from cni.errors import CniError, Code
+from ipam import nodequeue
+from ipam.batch import Op
+from ipam.config import from_dict
+from ipam.store.base import Allocation
+
+A = Allocation("a" * 64, "ns/a", "net1", "uid-a", "blue", "node-1")
+B = Allocation("b" * 64, "ns/b", "net1", "uid-b", "blue", "node-1")
+
+
+def ranges() -> list[Op]:
+    conf = from_dict({"ipRanges": [
+        {"range": "198.51.100.0/24", "range_start": "198.51.100.10", "exclude": ["198.51.100.32/28"]},
+        {"range": "2001:db8::/120"}]})  # fmt: skip
+    return [Op("add", conf.ranges[0], A, True), Op("del", conf.ranges[1], A, False)]
+
+
+def test_a_request_round_trips_and_its_outcome_comes_back(tmp_path: Path) -> None:
+    lock = str(tmp_path / "x.lock")
+    theirs = nodequeue.publish(lock, ranges())
+    mine = nodequeue.publish(lock, [Op("add", ranges()[0].rng, B, True)])
+    assert theirs is not None and mine is not None
+    taken = nodequeue.take(mine, 128)
+    assert [(op.kind, op.rng, op.owner, op.overlapping) for op in taken.ops] == [
+        (op.kind, op.rng, op.owner, op.overlapping) for op in theirs.ops
+    ]
+    add, rel = taken.ops
+    created, mine_ = {"198.51.100.11": "7"}, {"198.51.100.11": 11}
+    add.offsets, add.claims.created, add.claims.mine, add.done = [11], dict(created), dict(mine_), True
+    rel.freed, rel.known, rel.done = [(5, A)], {"2001:db8::5": "9"}, True
+    rel.error = CniError("pool full", "details", code=Code.POOL_EXHAUSTED)
+    assert not theirs.answered()
+    taken.answer()
+    assert theirs.answered()
+    a, r = theirs.ops
+    assert (a.offsets, a.claims.created, a.claims.mine, a.error) == ([11], created, mine_, None)
+    assert (r.freed, r.known) == ([(5, A)], {"2001:db8::5": "9"})
+    assert isinstance(r.error, CniError) and r.error.code == Code.POOL_EXHAUSTED
+    assert r.error.msg == "pool full"
+    assert nodequeue.take(mine, 128).ops == []  # answered: no one takes it again
+    for path in tmp_path.joinpath("x.lock.q").iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(tmp_path.joinpath("x.lock.q").stat().st_mode) == 0o700
+    theirs.close()
+    mine.close()
+    assert list(tmp_path.joinpath("x.lock.q").iterdir()) == []
+
+
+def test_a_dead_callers_request_is_dropped_and_a_withdrawn_one_is_not_taken(tmp_path: Path) -> None:
+    lock = str(tmp_path / "x.lock")
+    dead = nodequeue.publish(lock, ranges()[:1])
+    gone = nodequeue.publish(lock, ranges()[:1])
+    mine = nodequeue.publish(lock, ranges()[:1])
+    assert dead is not None and gone is not None and mine is not None
+    os.close(dead.fd)  # the process died: the kernel dropped its flock, the file stays
+    gone.close()
+    assert nodequeue.take(mine, 128).ops == []
+    assert not os.path.exists(dead.path)
+    mine.close()
+
+
+def test_room_bounds_what_is_taken(tmp_path: Path) -> None:
+    lock = str(tmp_path / "x.lock")
+    others = [nodequeue.publish(lock, ranges()) for _ in range(3)]
+    mine = nodequeue.publish(lock, ranges()[:1])
+    assert mine is not None
+    assert len(nodequeue.take(mine, 5).ops) == 4  # whole requests only
+    assert nodequeue.take(mine, 0).ops == []
+    for t in [*others, mine]:
+        assert t is not None
+        t.close()
+
+
+def test_an_unusable_directory_means_running_alone(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert nodequeue.publish(str(blocker / "x.lock"), ranges()) is None
+    assert nodequeue.take(None, 128).ops == []
