@@ -39,8 +39,9 @@ RUNTIME_HOOKS_DROPPED = (
 )
 RUNTIME_HOOKS_ALLOWED: tuple[str, ...] = ()
 
-# Never imported on any pycni path but pulled into the graph by pyroute2's package __init__ (which
-# cni.netlink.codec deliberately never runs) or by the stdlib: size only, no start-up cost.
+# Never imported on any pycni path but pulled into the graph by the stdlib: size only, no start-up cost.
+# (pyroute2, a test dependency, is not excluded here: no first-party module imports it, and if one did,
+# check_locked would refuse the build, pyroute2 being absent from the runtime lock.)
 EXCLUDES: list[str] = [
     "tkinter", "unittest", "pydoc", "doctest", "lib2to3", "idlelib", "ensurepip", "venv", "xmlrpc",
     # PyInstaller's bootstrap imports ctypes at every start when it is collected (2-3 ms); no pycni path
