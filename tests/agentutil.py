@@ -22,7 +22,7 @@ from typing import Any
 from cni.agent import proto
 from tests.nsutil import REPO, Call
 
-START_TIMEOUT = 60.0  # importing pyroute2 and the IPAM on a loaded 2-core machine
+START_TIMEOUT = 60.0  # importing the plugins and the IPAM on a loaded 2-core machine
 
 
 def command() -> list[str]:
