@@ -80,7 +80,6 @@ def runtime_env(env: Mapping[str, str]) -> dict[str, str]:
 def _exec(binary: str, req: Request, command: str) -> bytes:
     env = runtime_env(req.env)
     env["CNI_COMMAND"] = command
-    env.pop("PYCNI_TEST_FAULTS", None)  # tests inject faults into the plugin, not into its IPAM
     for attempt in range(ETXTBSY_TRIES):
         try:
             rc, out, err = run(binary, req.stdin, env)

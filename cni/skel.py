@@ -181,7 +181,6 @@ def run(plugin: str, env: Mapping[str, str], stdin: IO[bytes], stdout: IO[bytes]
         os.write(2, f"{text}\nCNI protocol versions supported: {', '.join(spec.SUPPORTED)}\n".encode())
         return 0
     version = spec.LATEST
-    faults.use(env)
     try:
         if command == "VERSION":
             stdout.write(version_text())
