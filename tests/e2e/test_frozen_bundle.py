@@ -182,3 +182,11 @@ def test_an_execd_ipam_gets_the_runtimes_environment_not_the_bootloaders(
     seen = dict(line.split("=", 1) for line in dump.read_text().splitlines() if "=" in line)
     assert seen.get("LD_LIBRARY_PATH") == runtime_value
     assert [k for k in seen if k.startswith("_PYI_") or k == "LD_LIBRARY_PATH_ORIG"] == []
+
+
+def test_bundle_carries_no_test_code(cni_bin: Path) -> None:
+    """The seams' test doubles (tests/launch.py, tests/fakevf.py) live under tests/, outside the bundle."""
+    m = manifest.load(cni_bin / manifest.FILENAME)
+    test_code = [f for f in m.files if "/tests/" in f"/{f}" or "fakevf" in f]
+    assert test_code == []
+    assert any(f.endswith("cni/sriov/vf.pyc") for f in m.files)  # the file list is the .pyc tree
