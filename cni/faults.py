@@ -7,7 +7,9 @@ process sets `hook` (tests/launch.py, or a test's own monkeypatch)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 hook: Callable[[str], None] | None = None
 
