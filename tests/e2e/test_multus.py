@@ -106,9 +106,8 @@ class MultusNode:
 
     def with_seams(self, plugin: str, *options: str) -> None:
         """`plugin` in the node's bin dir runs from source through tests/launch.py with `options` (the
-        recording VF seam): only the source pass can, so a frozen pass skips the test."""
-        if bundle_driver.frozen_dir() is not None:
-            pytest.skip("needs test seams (tests/launch.py), which only the source pass has")
+        recording VF seam): only the source pass can (`source_only`)."""
+        assert bundle_driver.frozen_dir() is None, "a test that needs seams is marked source_only"
         entry = self.bin / plugin
         entry.unlink()
         entry.write_text(f'#!/bin/sh\nPYTHONPATH="{REPO}" exec "{sys.executable}" -m tests.launch '
@@ -280,6 +279,11 @@ def test_macvlan_whereabouts_and_host_device_in_one_pod(mnode: MultusNode) -> No
         assert mn.caches() == []
 
 
+source_only = pytest.mark.skipif(bundle_driver.frozen_dir() is not None,
+                                 reason="needs test seams (tests/launch.py), which only the source pass has")
+
+
+@source_only
 def test_sriov_vf_from_the_device_plugin(mnode: MultusNode) -> None:
     mn, lab, topo, tenant = mnode, mnode.lab, mnode.lab.topo, mnode.tenant
     mn.with_seams("sriov", *launch.options(fake_pf=lab.fake_pf))
