@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import struct
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from typing import Any

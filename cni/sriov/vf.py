@@ -5,14 +5,15 @@ written with netlink VF attributes on the PF link (IFLA_VFINFO_LIST / IFLA_VF_IN
 Everything the plugin does to a PF goes through `VfControl.read` and `VfControl.set`, one setting per
 request, so a test can record and check the exact requests and their order.
 
-`control(env)` returns the netlink implementation, or the recording fake in cni.sriov.fakevf when
-the environment variable PYCNI_SRIOV_FAKE_PF names its state file (tests only; see README.md).
+`control()` returns what `factory` makes: the netlink implementation. Only a test process replaces
+`factory` (tests/launch.py installs the recording fake of tests/fakevf.py); nothing outside the code
+(no environment variable, file or flag) selects another implementation.
 The codec is cni.netlink.vfinfo and the socket cni.netlink's (both imported on first use: the fake
 and a config error never load them)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
     from cni.netlink.vfinfo import VfInfo
     from cni.netlink.wire import Request
 
-FAKE_ENV = "PYCNI_SRIOV_FAKE_PF"
 PROTOS = {"802.1q": 0x8100, "802.1ad": 0x88A8}
 PROTO_NAMES = {v: k for k, v in PROTOS.items()}
 LINK_STATES = {"auto": 0, "enable": 1, "disable": 2}
@@ -95,13 +95,11 @@ class VfControl(Protocol):
     def set(self, pf: str, vf: int, setting: Setting) -> None: ...
 
 
-def control(env: Mapping[str, str]) -> VfControl:
-    path = env.get(FAKE_ENV)
-    if path:
-        from cni.sriov.fakevf import FakeVf
+factory: Callable[[], VfControl] | None = None  # None: NetlinkVf (the seam tests replace)
 
-        return FakeVf(path)
-    return NetlinkVf()
+
+def control() -> VfControl:
+    return NetlinkVf() if factory is None else factory()
 
 
 # ---- the netlink implementation ------------------------------------------------------------------

@@ -259,8 +259,10 @@ def test_setting_helpers() -> None:
         vf.attribute(0, Setting("guid", ("x",)))
 
 
-def test_control_selects_the_fake_only_when_asked(tmp_path: object) -> None:
-    from cni.sriov.fakevf import FakeVf
+def test_control_is_netlink_unless_a_test_installs_the_seam(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.fakevf import FakeVf
 
-    assert isinstance(vf.control({}), vf.NetlinkVf)
-    assert isinstance(vf.control({vf.FAKE_ENV: "/nonexistent.json"}), FakeVf)
+    monkeypatch.setenv("PYCNI_SRIOV_FAKE_PF", "/nonexistent.json")  # the former switch: nothing now
+    assert isinstance(vf.control(), vf.NetlinkVf)
+    monkeypatch.setattr(vf, "factory", lambda: FakeVf("/nonexistent.json"))
+    assert isinstance(vf.control(), FakeVf)
