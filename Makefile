@@ -62,7 +62,7 @@ image: deps bundle
 	$(PY) -m bundler.image $(if $(SAVE),--save $(SAVE))
 
 # Two builds from the same lock (the second from a copy of the sources at another path) compared file by
-# file (bundler/repro.py; ~15 s of CPU, 20-90 s by the machine's load). `make test` runs the same check
+# file (bundler/repro.py; durations: bundler/README.md). `make test` runs the same check
 # as tests/unit/test_bundle_repro.py; this target runs it alone and keeps nothing.
 check-repro: venv
 	$(PY) -m bundler.repro

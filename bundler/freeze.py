@@ -6,15 +6,16 @@ Start-up cost is what a CNI plugin pays on every call, so each choice here is me
 - no UPX: decompressing libpython on every exec costs more than the disk it saves.
 - strip: the pyenv libpython carries debug info (30 MB -> ~5 MB); fewer pages to map and to ship.
 - runtime hooks dropped: PyInstaller adds pyi_rth_inspect (imports inspect and zipfile and lists
-  base_library.zip: ~20 ms per call), pyi_rth_pkgutil and pyi_rth_multiprocessing whenever those modules
+  base_library.zip on every call), pyi_rth_pkgutil and pyi_rth_multiprocessing whenever those modules
   are anywhere in the import graph. pycni never needs what they patch (no source lookup, no pkgutil
   module iteration over the frozen tree, no multiprocessing).
 - noarchive: modules as plain .pyc files under _internal/ instead of the zlib-compressed PYZ inside the
-  executable (~8 ms less per call: no decompression, no TOC unmarshal).
+  executable (no decompression, no TOC unmarshal per call).
 - optimize 0: -O would strip asserts, and the frozen plugin must behave exactly like `python -m cni`;
-  level 2 measured no better than 1-2 ms.
+  level 1 or 2 measured within the noise.
 - the bootloader's second execve (it sets LD_LIBRARY_PATH and re-executes itself in onedir mode) costs
-  ~1.2 ms; dropping it needs a self-built bootloader and patched ELF files, so it stays (bundler/README.md).
+  about a millisecond; dropping it needs a self-built bootloader and patched ELF files, so it stays
+  (bundler/README.md).
 - hidden imports are cni.registry.LAZY_MODULES: the plugin/tool modules the dispatcher imports by name.
 """
 
@@ -32,18 +33,19 @@ STRIP = os.environ.get("PYCNI_STRIP", "1") == "1"
 DROP_HOOKS = os.environ.get("PYCNI_KEEP_HOOKS", "0") != "1"
 
 # Runtime hooks run at EVERY start of every entry. pyi_rth_setuptools (collected whenever setuptools is
-# in the graph) imports setuptools: ~150 ms per call. None of these is needed: pycni never imports inspect's
+# in the graph) imports setuptools on every call. None of these is needed: pycni never imports inspect's
 # source helpers, pkgutil's frozen iterators, multiprocessing or setuptools at run time.
 RUNTIME_HOOKS_DROPPED = (
     "pyi_rth_inspect", "pyi_rth_pkgutil", "pyi_rth_multiprocessing", "pyi_rth_setuptools",
 )
 RUNTIME_HOOKS_ALLOWED: tuple[str, ...] = ()
 
-# Never imported on any pycni path but pulled into the graph by pyroute2's package __init__ (which
-# cni.netlink.codec deliberately never runs) or by the stdlib: size only, no start-up cost.
+# Never imported on any pycni path but pulled into the graph by the stdlib: size only, no start-up cost.
+# (pyroute2, a test dependency, is not excluded here: no first-party module imports it, and if one did,
+# check_locked would refuse the build, pyroute2 being absent from the runtime lock.)
 EXCLUDES: list[str] = [
     "tkinter", "unittest", "pydoc", "doctest", "lib2to3", "idlelib", "ensurepip", "venv", "xmlrpc",
-    # PyInstaller's bootstrap imports ctypes at every start when it is collected (2-3 ms); no pycni path
+    # PyInstaller's bootstrap imports ctypes at every start when it is collected; no pycni path
     # uses it. A merged module that does fails the frozen test pass with ImportError: drop it here then.
     *(["ctypes"] if os.environ.get("PYCNI_KEEP_CTYPES") != "1" else []),
     *os.environ.get("PYCNI_EXCLUDE", "").split(),

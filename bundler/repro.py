@@ -2,7 +2,7 @@
 in a fresh process with its own dist and PyInstaller work directory under one temp dir, the second from a
 copy of the sources at another path, and compare the two cni-bin trees file by file (the .pyc files, the
 executable with its embedded archive, the libraries, the manifest and build id). Exit 1 naming every file
-that differs. Two full builds (20-90 s each, by the machine's load), so not part of the test suite
+that differs. Two full builds, so not part of the test suite
 (tests/unit/test_bundle_lock.py covers the comparison itself)."""
 
 from __future__ import annotations

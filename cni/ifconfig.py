@@ -46,7 +46,7 @@ def _configure(nl: Netlink, index: int, result: Result, dad: str, notify: bool) 
     if notify and not link.up:
         # IPv4: with arp_notify set while the link is down, the kernel sends one gratuitous ARP per
         # address at link-up (what the Go reference does); no packet socket of ours, whose close
-        # waits for an RCU grace period (~13 ms of every ADD on this kernel)
+        # waits for an RCU grace period
         sysctl.write(f"ipv4/conf/{name}/arp_notify", "1")
     flags = {"on": 0, "optimistic": addrs.IFA_F_OPTIMISTIC, "off": addrs.IFA_F_NODAD}[dad]
     for ip in result.ips:

@@ -1,7 +1,7 @@
 """The one place JSON is read and written (the standard library's json, C accelerated).
 
 Not orjson: importing orjson imports dataclasses (and with it inspect, ast, dis, tokenize), uuid,
-datetime and json itself, ~15 ms of every frozen plugin call, to parse a few hundred bytes of config.
+datetime and json itself on every frozen plugin call, to parse a few hundred bytes of config.
 What orjson gave for free is kept here: NaN and Infinity are refused, and so is anything that is not
 valid UTF-8; output is compact UTF-8 (or 2-space indented)."""
 
@@ -12,7 +12,7 @@ import re
 
 from cni.errors import DecodeError
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     from typing import Any
 

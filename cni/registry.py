@@ -26,7 +26,6 @@ LAZY_MODULES: tuple[str, ...] = (
     *IN_PROCESS_IPAM.values(),
     *TOOLS.values(),
     "cni.sriov.settings",
-    "cni.sriov.fakevf",  # the recording VF seam tests select with PYCNI_SRIOV_FAKE_PF
     "ipam.store.local",  # stores are picked by name in ipam.store.select
     "ipam.store.kube",
     "ipam.kubepods",  # the reconciler's `--pods kubernetes` (ipam.podsource)

@@ -3,7 +3,7 @@ connection of ipam.httpconn (sockets + ssl), the same HTTP layer as the etcd sto
 store (ipam.store.kube) and the pod source (ipam.kubepods).
 
 Why not the `kubernetes` client: every CNI call is a fresh process, and its REST layer alone (urllib3)
-costs ~90 ms of imports; the package __init__ 270-290 ms (README: "One HTTP layer", with the figures).
+is a costly import, its package __init__ more so (README: "One HTTP layer", with the figures).
 The kubeconfig is read here (JSON, else YAML through PyYAML), exec credential plugins are run here
 (`exec_token`, the ExecCredential protocol).
 

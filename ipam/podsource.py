@@ -10,7 +10,6 @@ nodes without Kubernetes) here; `kubernetes` in ipam.kubepods (written with the 
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -72,10 +71,7 @@ def open_pod_source(spec: str, store: StoreConfig) -> PodSource:
     if spec.startswith("file:"):
         return FilePodSource(spec[5:])
     if spec == "kubernetes":
-        try:
-            module = importlib.import_module("ipam.kubepods")
-        except ModuleNotFoundError:
-            raise ConfigError("--pods kubernetes: not available in this build yet") from None
-        source: PodSource = module.open_pod_source(store)
-        return source
+        from ipam import kubepods
+
+        return kubepods.open_pod_source(store)
     raise ConfigError(f'--pods: unknown pod source "{spec}" (expected file:PATH or kubernetes)')

@@ -17,12 +17,11 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from cni.agent import proto
-from tests.nsutil import REPO, Call
+from tests.nsutil import REPO
 
-START_TIMEOUT = 60.0  # importing pyroute2 and the IPAM on a loaded 2-core machine
+START_TIMEOUT = 60.0  # importing the plugins and the IPAM on a loaded 2-core machine
 
 
 def command() -> list[str]:
@@ -96,8 +95,7 @@ class Agent:
 
 
 class Supervised(Agent):
-    """An agent that is started again whenever it dies while the session still wants it (tests that
-    crash the plugin mid-request crash the agent when it serves them)."""
+    """An agent that is started again whenever it dies while the session still wants it."""
 
     def __init__(self, sock: Path, log: Path, *args: str) -> None:
         super().__init__(sock, log, *args)
@@ -126,15 +124,6 @@ class Supervised(Agent):
 
 def agent_up() -> bool:
     return os.environ.get("PYCNI_TEST_AGENT") == "1"
-
-
-def crashed(call: Call) -> bool:
-    """A plugin call killed mid-request: the process died of SIGKILL (in-process), or, when the agent
-    served it and was killed, the shim answered code 11 (and did not run the request again)."""
-    if call.rc == -signal.SIGKILL:
-        return True
-    out: Any = call.out
-    return agent_up() and call.rc == 1 and isinstance(out, dict) and out.get("code") == 11
 
 
 def fake_agent(path: Path, script: Callable[[socket.socket, proto.Reader], None]) -> threading.Thread:

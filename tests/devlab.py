@@ -1,6 +1,7 @@
 """A lab for device-plugin tests: a Topology whose host namespace holds veth ends standing in for a PF,
-its VF netdevs and plain NICs, a fake sysfs tree naming them, the recording VF seam's state file,
-a state dir, and a CNI_PATH with Debian's plugins plus `fakeipam`."""
+its VF netdevs and plain NICs, a fake sysfs tree naming them, the recording VF seam's state file
+(tests/fakevf.py, installed by tests/launch.py), a state dir, and a CNI_PATH with Debian's plugins plus
+`fakeipam`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests import fakesysfs
+from tests import fakesysfs, launch
 from tests.nsutil import REPO, Call, Topology, sh
 
 PF_PCI = "0000:af:00.1"
@@ -61,11 +62,13 @@ class Lab:
 
     # ---- running plugins -----------------------------------------------------------------------
 
-    def env(self, fake: bool = True, **extra: str) -> dict[str, str]:
-        env = {"PYCNI_SYSFS_ROOT": str(self.sysfs), **extra}
-        if fake:
-            env["PYCNI_SRIOV_FAKE_PF"] = str(self.fake_pf)
-        return env
+    def env(self, **extra: str) -> dict[str, str]:
+        return {"PYCNI_SYSFS_ROOT": str(self.sysfs), **extra}
+
+    def seams(self, plugin: str, fake: bool = True, faults: str = "") -> list[str]:
+        """tests/launch.py options for a call: sriov gets the recording VF seam unless `fake` is off
+        (host-device never asks a PF); `faults` as the launcher's --faults."""
+        return launch.options(faults, self.fake_pf if fake and plugin == "sriov" else None)
 
     def conf(self, plugin: str, version: str = "1.0.0", ipam: dict[str, Any] | None = None,
              **fields: Any) -> dict[str, Any]:
@@ -87,10 +90,12 @@ class Lab:
         return {"type": "fakeipam", "state": str(self.ipam_state),
                 "addresses": list(addresses or ("198.51.100.8/24",)), **extra}
 
-    def run(self, plugin: str, command: str, conf: dict[str, Any], *, fake: bool = True,
+    def run(self, plugin: str, command: str, conf: dict[str, Any], *, fake: bool = True, faults: str = "",
             env: dict[str, str] | None = None, **kw: Any) -> Call:
-        return self.topo.run(plugin, command, conf, env={**self.env(fake), **(env or {})},
-                             path=f"{self.bin}:/usr/lib/cni", **kw)
+        """A plugin process; sriov with the recording VF seam unless `fake` is off, `faults` injected
+        (both through tests/launch.py, from source: see nsutil.plugin_command)."""
+        return self.topo.run(plugin, command, conf, env={**self.env(), **(env or {})},
+                             path=f"{self.bin}:/usr/lib/cni", seams=self.seams(plugin, fake, faults), **kw)
 
     # ---- observing ----------------------------------------------------------------------------
 

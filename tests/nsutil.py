@@ -11,7 +11,7 @@ import os
 import secrets
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +31,17 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
-def plugin_command(plugin: str) -> list[str]:
-    """How to run a plugin: PYCNI_PLUGIN_DIR (a frozen cni-bin dir) or from source."""
+def plugin_command(plugin: str, seams: Sequence[str] = ()) -> list[str]:
+    """How to run a plugin: PYCNI_PLUGIN_DIR (a frozen cni-bin dir) or from source. `seams`: options of
+    tests/launch.py (faults, the fake VF seam), which exist only from source: a test that needs them
+    is skipped in the frozen passes (the source pass runs it; the frozen code is the same)."""
     bindir = os.environ.get("PYCNI_PLUGIN_DIR")
+    if seams:
+        if bindir:
+            import pytest
+
+            pytest.skip("needs test seams (tests/launch.py), which only the source pass has")
+        return [sys.executable, "-m", "tests.launch", *seams, "--", plugin]
     if bindir:
         return [os.path.join(bindir, plugin)]
     return [sys.executable, "-m", "cni", plugin]
@@ -87,14 +95,15 @@ class Topology:
 
     def run(self, plugin: str, command: str, conf: Mapping[str, Any] | bytes, *, netns: str = "",
             ifname: str = "net1", container_id: str = "c1", cni_args: str = "",
-            env: Mapping[str, str] | None = None, path: str = "/usr/lib/cni") -> Call:
-        """Run `plugin` inside the host namespace, as a runtime would."""
+            env: Mapping[str, str] | None = None, path: str = "/usr/lib/cni",
+            seams: Sequence[str] = ()) -> Call:
+        """Run `plugin` inside the host namespace, as a runtime would (`seams`: see plugin_command)."""
         full = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
         full.update(CNI_COMMAND=command, CNI_CONTAINERID=container_id, CNI_NETNS=netns,
                     CNI_IFNAME=ifname, CNI_PATH=path, CNI_ARGS=cni_args, PYTHONPATH=str(REPO))
         full.update(env or {})
         data = conf if isinstance(conf, bytes) else jsonio.dumps(dict(conf))
-        cmd = ["ip", "netns", "exec", self.host, *plugin_command(plugin)]
+        cmd = ["ip", "netns", "exec", self.host, *plugin_command(plugin, seams)]
         proc = subprocess.run(cmd, input=data, env=full, capture_output=True, check=False, cwd=REPO)
         out = jsonio.loads(proc.stdout) if proc.stdout.strip() else None
         return Call(proc.returncode, out, proc.stderr.decode(errors="replace"))

@@ -20,9 +20,9 @@ running it a second time (cni.agent.client)."""
 
 from __future__ import annotations
 
-# _socket, not socket: socket.py imports selectors and builds its enums at import (~1-2 ms per call on
-# the shim path); the C module has everything used here. struct, not array, for descriptor lists: array
-# registers with collections.abc, which imports collections (~2 ms).
+# _socket, not socket: socket.py imports selectors and builds its enums at import (on the shim path of
+# every call); the C module has everything used here. struct, not array, for descriptor lists: array
+# registers with collections.abc, which imports collections.
 import _socket as socket
 import os
 import struct

@@ -1,5 +1,5 @@
 """The node-local agent: serves CNI calls from the shim (cni.agent.client) over a unix socket, by
-calling the same `cni.skel.run` a plugin process calls, with the netlink codecs, the plugin modules and
+calling the same `cni.skel.run` a plugin process calls, with the netlink codec, the plugin modules and
 the IPAM modules imported once.
 
 Each connection gets its own thread, and the request runs on that thread in the caller's context:
@@ -261,8 +261,8 @@ class Agent:
 
 
 def warm() -> None:
-    """Import what requests need (the netlink codecs, plugins, IPAM, stores) and let pyroute2 compile its
-    message classes once, here, rather than concurrently in the first requests."""
+    """Import what requests need (the netlink codec, plugins, IPAM, stores) once, here, rather than
+    concurrently in the first requests."""
     import importlib
 
     from cni import log
@@ -271,19 +271,12 @@ def warm() -> None:
     log.debug("warming up")  # also opens every long-lived file logging needs, before any request
 
     for name in (*LAZY_MODULES, "cni.skel", "cni.delegate", "cni.netlink.links", "cni.netlink.addrs",
-                 "cni.netlink.routes", "cni.types.result", "subprocess", "sqlite3"):
+                 "cni.netlink.routes", "cni.netlink.vfinfo", "cni.types.result", "subprocess", "sqlite3"):
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     from cni.netlink import addrs, links, routes
     from cni.netlink.socket import opened
-    from cni.sriov import vf
     from ipam.store.handles import keep_warm
-
-    # pyroute2 (the SR-IOV VF lists' codec; cni.netlink.wire does the rest) compiles a message class on
-    # first encode and first decode: both here, not in concurrent first requests
-    sample = vf.message(1, 0, vf.Setting("spoofchk", (1,)))
-    sample.encode()
-    vf.codec()(sample.data).decode()
 
     keep_warm()  # cluster store connections outlive a request (ipam.store.handles)
 

@@ -66,5 +66,5 @@ def hooks_for(plugin: str, env: Mapping[str, str]) -> Hooks | None:
         from cni.sriov.settings import VfHooks
         from cni.sriov.vf import control
 
-        return VfHooks(control(env), fs=sysfs.open_sysfs(env))
+        return VfHooks(control(), fs=sysfs.open_sysfs(env))
     return None

@@ -53,28 +53,11 @@ class Netlink:
     def close(self) -> None:
         self.sock.close()
 
-    def request(self, msg: Any, msg_type: int, flags: int, op: str) -> list[Any]:
-        """Send `msg` and return its decoded replies: a cni.netlink.wire.Request (replies decoded by its
-        own decoder) or a pyroute2 nlmsg (replies of the same class; cni.sriov.vf's VF lists)."""
+    def request(self, msg: wire.Request, msg_type: int, flags: int, op: str) -> list[Any]:
+        """Send `msg` and return its replies, each decoded by the request's own decoder."""
         self.seq += 1
-        flags |= NLM_F_REQUEST | NLM_F_ACK
-        if isinstance(msg, wire.Request):
-            self.sock.send(msg.encode(msg_type, flags, self.seq))
-            return list(self._replies(msg.decode, op))
-        msg["header"]["type"] = msg_type
-        msg["header"]["flags"] = flags
-        msg["header"]["sequence_number"] = self.seq
-        msg["header"]["pid"] = 0
-        msg.encode()
-        self.sock.send(msg.data)
-        cls = type(msg)
-
-        def decode(chunk: bytes) -> Any:
-            reply = cls(chunk)
-            reply.decode()
-            return reply
-
-        return list(self._replies(decode, op))
+        self.sock.send(msg.encode(msg_type, flags | NLM_F_REQUEST | NLM_F_ACK, self.seq))
+        return list(self._replies(msg.decode, op))
 
     def _replies(self, decode: Callable[[bytes], Any], op: str) -> Iterator[Any]:
         while True:

@@ -1,18 +1,18 @@
-"""The netlink attribute format (TLV) for the rtnetlink messages of the per-call path: links, addresses
-and routes, built and read here.
+"""The netlink attribute format (TLV) for the rtnetlink messages pycni sends and reads: links,
+addresses, routes and SR-IOV VF lists (cni.netlink.links, addrs, routes, vfinfo), built and read here.
 
 pyroute2's message classes cost a frozen plugin call 15-20 ms to import (pyroute2.netlink, logging and
 traceback, fifteen ifinfmsg link-kind plugin modules) for the twenty-odd attributes pycni writes and
-reads. pyroute2 stays the codec of SR-IOV VF lists (cni/sriov/vf.py), where the nesting is deep and the
-calls are few, and the reference of tests/unit/test_netlink_wire.py: every request built with this
-module is compared byte for byte with pyroute2's encoding, and every reply decoded both ways."""
+reads. pyroute2 is a test dependency only, the reference of tests/unit/test_netlink_wire.py and
+tests/unit/test_vf_encoding.py: every request built with these modules is compared byte for byte with
+pyroute2's encoding of the same message, and replies encoded by pyroute2 are decoded both ways."""
 
 from __future__ import annotations
 
 import ipaddress
 import struct
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from typing import Any

@@ -11,7 +11,7 @@ from cni.types import fields as f
 from cni.types.netconf import Request
 from cni.types.result import Interface, Result
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     from typing import Any
 

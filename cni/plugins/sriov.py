@@ -137,7 +137,7 @@ def add(req: Request) -> Result:
     vf = resolve(conf, fs)
     target = Target(key=f"pci-{vf.pci}", what=f"VF {vf.pci}", pci=vf.pci, netdev=vf.netdev,
                     driver=vf.driver)
-    hooks = VfHooks(control(req.env), vf.pf, vf.index, conf.plan, fs)
+    hooks = VfHooks(control(), vf.pf, vf.index, conf.plan, fs)
     return attach.add(req, "sriov", conf.device, target, hooks, conf.mac)
 
 

@@ -5,20 +5,24 @@ written with netlink VF attributes on the PF link (IFLA_VFINFO_LIST / IFLA_VF_IN
 Everything the plugin does to a PF goes through `VfControl.read` and `VfControl.set`, one setting per
 request, so a test can record and check the exact requests and their order.
 
-`control(env)` returns the netlink implementation, or the recording fake in cni.sriov.fakevf when
-the environment variable PYCNI_SRIOV_FAKE_PF names its state file (tests only; see README.md).
-pyroute2's message classes are the codec (imported on first use); the socket is cni.netlink's."""
+`control()` returns what `factory` makes: the netlink implementation. Only a test process replaces
+`factory` (tests/launch.py installs the recording fake of tests/fakevf.py); nothing outside the code
+(no environment variable, file or flag) selects another implementation.
+The codec is cni.netlink.vfinfo and the socket cni.netlink's (both imported on first use: the fake
+and a config error never load them)."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cni.errors import KernelError
 
-FAKE_ENV = "PYCNI_SRIOV_FAKE_PF"
+if TYPE_CHECKING:
+    from cni.netlink.vfinfo import VfInfo
+    from cni.netlink.wire import Request
+
 PROTOS = {"802.1q": 0x8100, "802.1ad": 0x88A8}
 PROTO_NAMES = {v: k for k, v in PROTOS.items()}
 LINK_STATES = {"auto": 0, "enable": 1, "disable": 2}
@@ -91,133 +95,82 @@ class VfControl(Protocol):
     def set(self, pf: str, vf: int, setting: Setting) -> None: ...
 
 
-def control(env: Mapping[str, str]) -> VfControl:
-    path = env.get(FAKE_ENV)
-    if path:
-        from cni.sriov.fakevf import FakeVf
+factory: Callable[[], VfControl] | None = None  # None: NetlinkVf (the seam tests replace)
 
-        return FakeVf(path)
-    return NetlinkVf()
+
+def control() -> VfControl:
+    return NetlinkVf() if factory is None else factory()
 
 
 # ---- the netlink implementation ------------------------------------------------------------------
 
 
-def attribute(vf: int, setting: Setting) -> tuple[str, dict[str, Any]]:
-    """The IFLA_VF_* attribute (pyroute2 form) that carries `setting` for VF `vf`."""
+def attribute(vf: int, setting: Setting) -> bytes:
+    """The IFLA_VF_* attribute (encoded) that carries `setting` for VF `vf`."""
+    from cni.netlink import vfinfo
+
     if setting.kind not in KIND_FIELDS:
         raise ValueError(f"unknown VF setting {setting.kind!r}")
     v = setting.fields()
     if setting.kind == "vlan":
-        info = {"vf": vf, "vlan": v["vlan"], "qos": v["qos"], "proto": PROTOS[str(v["proto"])]}
-        return "IFLA_VF_VLAN_LIST", {"attrs": [("IFLA_VF_VLAN_INFO", info)]}
+        return vfinfo.vf_vlan_list(vf, int(v["vlan"]), int(v["qos"]), PROTOS[str(v["proto"])])
     if setting.kind == "mac":
-        return "IFLA_VF_MAC", {"vf": vf, "mac": v["mac"]}
+        return vfinfo.vf_mac(vf, str(v["mac"]))
     if setting.kind == "rate":
-        return "IFLA_VF_RATE", {"vf": vf, "min_tx_rate": v["min_tx_rate"], "max_tx_rate": v["max_tx_rate"]}
-    return f"IFLA_VF_{setting.kind.upper()}", {"vf": vf, setting.kind: v[setting.kind]}
+        return vfinfo.vf_rate(vf, int(v["min_tx_rate"]), int(v["max_tx_rate"]))
+    encode = {"spoofchk": vfinfo.vf_spoofchk, "trust": vfinfo.vf_trust, "link_state": vfinfo.vf_link_state}
+    return encode[setting.kind](vf, int(v[setting.kind]))
 
 
-def message(pf_index: int, vf: int, setting: Setting) -> Any:
-    """The RTM_NEWLINK body (unencoded) that applies `setting` to VF `vf` of PF `pf_index`."""
-    msg = codec()()
-    msg["family"] = 0
-    msg["index"] = pf_index
-    attr = attribute(vf, setting)
-    msg["attrs"] = [("IFLA_VFINFO_LIST", {"attrs": [("IFLA_VF_INFO", {"attrs": [attr]})]})]
-    return msg
+def request(pf_index: int, vf: int, setting: Setting) -> Request:
+    """The RTM_SETLINK request that applies `setting` to VF `vf` of PF `pf_index`."""
+    from cni.netlink import vfinfo
+
+    return vfinfo.set_request(pf_index, attribute(vf, setting))
 
 
-def _u32_flag(value: int) -> int:
-    return -1 if value == UNKNOWN else int(value)
+def _u32_flag(value: int | None) -> int:
+    return -1 if value is None or value == UNKNOWN else int(value)
 
 
-def decode_vfs(msg: Any) -> dict[int, VfState]:
-    """VF index -> state from an RTM_NEWLINK reply of the PF (requested with RTEXT_FILTER_VF)."""
-    out: dict[int, VfState] = {}
-    vflist = msg.get_attr("IFLA_VFINFO_LIST")
-    for info in vflist.get_attrs("IFLA_VF_INFO") if vflist is not None else ():
-        mac = info.get_attr("IFLA_VF_MAC")
-        if mac is None:
-            continue
-        state = VfState(mac=mac["mac"])
-        vlan = info.get_attr("IFLA_VF_VLAN")
-        if vlan is not None:
-            state = replace(state, vlan=vlan["vlan"], qos=vlan["qos"])
-        vlist = info.get_attr("IFLA_VF_VLAN_LIST")
-        item = vlist.get_attr("IFLA_VF_VLAN_INFO") if vlist is not None else None
-        if item is not None:
-            proto = PROTO_NAMES.get(item["proto"], "802.1q")
-            state = replace(state, vlan=item["vlan"], qos=item["qos"], proto=proto)
-        state = _decode_flags(info, state)
-        out[mac["vf"]] = state
-    return out
+def state(info: VfInfo) -> VfState:
+    """A VF as the kernel reported it, as a VfState."""
+    return VfState(mac=info.mac, vlan=info.vlan, qos=info.qos, proto=PROTO_NAMES.get(info.proto, "802.1q"),
+                   spoofchk=_u32_flag(info.spoofchk), trust=_u32_flag(info.trust),
+                   link_state=info.link_state or 0, min_tx_rate=info.min_tx_rate,
+                   max_tx_rate=info.max_tx_rate)
 
 
-def _decode_flags(info: Any, state: VfState) -> VfState:
-    spoof, trust = info.get_attr("IFLA_VF_SPOOFCHK"), info.get_attr("IFLA_VF_TRUST")
-    link, rate = info.get_attr("IFLA_VF_LINK_STATE"), info.get_attr("IFLA_VF_RATE")
-    if spoof is not None:
-        state = replace(state, spoofchk=_u32_flag(spoof["spoofchk"]))
-    if trust is not None:
-        state = replace(state, trust=_u32_flag(trust["trust"]))
-    if link is not None:
-        state = replace(state, link_state=link["link_state"])
-    if rate is not None:
-        state = replace(state, min_tx_rate=rate["min_tx_rate"], max_tx_rate=rate["max_tx_rate"])
-    return state
-
-
-# pyroute2 compiles a class's attribute table once and marks the class; a subclass inherits both the
-# mark and the table (which names the base's nested classes) unless it gets its own fresh ones.
-_FRESH = {"_nlmsg_base__compiled_nla": False, "_nlmsg_base__t_nla_map": None,
-          "_nlmsg_base__r_nla_map": None}
-
-
-@functools.cache
-def codec() -> type:
-    """ifinfmsg with a correct IFLA_VF_VLAN_INFO: struct ifla_vf_vlan_info is 16 bytes (three u32 and
-    a __be16, padded), the kernel rejects anything shorter, and pyroute2 0.9 encodes 14."""
-    from cni.netlink.codec import ifinfmsg, nla
-
-    ivvi = type("ivvi", (nla,), {**_FRESH, "fields": (
-        ("vf", "I"), ("vlan", "I"), ("qos", "I"), ("proto", ">H"), ("__pad", "2x"))})
-    vf_vlist = type("vf_vlist", (nla,), {**_FRESH, "ivvi": ivvi, "nla_map": (
-        ("IFLA_VF_VLAN_INFO_UNSPEC", "none"), ("IFLA_VF_VLAN_INFO", "ivvi"))})
-    vfinfo = type("vfinfo", (ifinfmsg.vflist.vfinfo,), {**_FRESH, "vf_vlist": vf_vlist})
-    vflist = type("vflist", (ifinfmsg.vflist,), {**_FRESH, "vfinfo": vfinfo})
-    return type("vfinfmsg", (ifinfmsg,), {**_FRESH, "vflist": vflist})
+def decode_vfs(infos: Iterable[VfInfo]) -> dict[int, VfState]:
+    """VF number -> state, from the VF list of the PF's RTM_NEWLINK (cni.netlink.vfinfo.decode)."""
+    return {info.vf: state(info) for info in infos}
 
 
 class NetlinkVf:
     """VF settings through the PF link in the plugin's own (host) namespace."""
 
-    def _index(self, nl: Any, pf: str) -> int:
-        from cni.netlink import links
-
-        link = links.get(nl, pf)
-        if link is None:
-            raise KernelError(f"PF {pf}: no such interface in the host network namespace")
-        return link.index
-
     def read(self, pf: str, vf: int) -> VfState:
-        from cni.netlink.links import RTM_GETLINK
+        """One RTM_GETLINK of the PF with RTEXT_FILTER_VF: the link and its VF list."""
+        from cni.netlink import vfinfo
         from cni.netlink.socket import opened
 
         with opened(None) as nl:
-            msg = codec()()
-            msg["family"], msg["index"] = 0, self._index(nl, pf)
-            msg["attrs"] = [("IFLA_EXT_MASK", 1)]  # RTEXT_FILTER_VF
-            replies = nl.request(msg, RTM_GETLINK, 0, f"PF {pf}: read VF {vf}")
-        vfs = decode_vfs(replies[0]) if replies else {}
+            got = vfinfo.get(nl, pf)
+        if got is None:
+            raise KernelError(f"PF {pf}: no such interface in the host network namespace")
+        vfs = decode_vfs(got.vfs)
         if vf not in vfs:
             raise KernelError(f"PF {pf}: reports no VF {vf} (the driver exposes no SR-IOV VF settings)")
         return vfs[vf]
 
     def set(self, pf: str, vf: int, setting: Setting) -> None:
-        from cni.netlink.links import RTM_NEWLINK
+        """RTM_SETLINK on the PF's ifindex with IFLA_VFINFO_LIST / IFLA_VF_INFO / the setting's IFLA_VF_*."""
+        from cni.netlink import links, vfinfo
         from cni.netlink.socket import opened
 
         with opened(None) as nl:
-            msg = message(self._index(nl, pf), vf, setting)
-            nl.request(msg, RTM_NEWLINK, 0, f"PF {pf}: set VF {vf} {setting.describe()}")
+            link = links.get(nl, pf)
+            if link is None:
+                raise KernelError(f"PF {pf}: no such interface in the host network namespace")
+            vfinfo.set_vf(nl, link.index, attribute(vf, setting),
+                          op=f"PF {pf}: set VF {vf} {setting.describe()}")

@@ -1,10 +1,10 @@
 """Frozen value classes for the per-call path, without `dataclasses`.
 
 Every plugin call is a fresh process, and `dataclasses` costs it twice: importing it imports `inspect`
-(with ast, dis, tokenize, linecache: ~10 ms frozen), and each decorated class compiles six generated
-methods (~0.7-1 ms per class; 11 classes on a macvlan ADD). `record` makes the same kind of class
-(keyword or positional __init__ with defaults, field(default_factory=...), __eq__, __hash__, __repr__,
-immutability, __match_args__) with one small compiled __init__ and shared methods: ~0.05 ms per class.
+(with ast, dis, tokenize, linecache), and each decorated class compiles six generated methods (11
+classes on a macvlan ADD). `record` makes the same kind of class (keyword or positional __init__ with
+defaults, field(default_factory=...), __eq__, __hash__, __repr__, immutability, __match_args__) with one
+small compiled __init__ and shared methods, a fraction of the cost (figures: bundler/README.md).
 Type checkers see it as a dataclass (PEP 681 dataclass_transform).
 
 Only what the per-call classes use is supported: no inheritance between records, no ordering, no
@@ -13,7 +13,7 @@ kw_only, no InitVar/ClassVar. The rest of the code base (the IPAM, the device pl
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call milliseconds
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, dataclass_transform

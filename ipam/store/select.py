@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 
-from cni.errors import ConfigError
 from ipam.config import StoreConfig
 from ipam.store.base import Store
 
@@ -14,11 +13,6 @@ MODULES = {"local": "ipam.store.local", "kubernetes": "ipam.store.kube", "etcd":
 
 
 def open_store(conf: StoreConfig) -> Store:
-    try:
-        module = importlib.import_module(MODULES[conf.datastore])
-    except ModuleNotFoundError as e:
-        raise ConfigError(
-            f'ipam.datastore: "{conf.datastore}" is not available in this build ({e.name})'
-        ) from None
+    module = importlib.import_module(MODULES[conf.datastore])
     store: Store = module.open_store(conf)
     return store

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from cni import jsonio
-from cni.registry import PLUGINS
 from tests import examples
 from tests.e2e import bundle_driver
 from tests.nsutil import Topology
@@ -44,8 +43,6 @@ def ranges(ipam: dict[str, Any]) -> list[ipaddress.IPv4Network | ipaddress.IPv6N
 def test_example_conflist_through_libcni(path: Path, topo: Topology, tmp_path: Path) -> None:
     doc = localize(jsonio.loads(path.read_bytes()), topo, tmp_path)
     ipam = doc["plugins"][0].get("ipam", {})
-    if ipam.get("type") == "whereabouts" and "whereabouts" not in PLUGINS:
-        pytest.skip(f"TODO hook: runs once {examples.PENDING_TYPES['whereabouts']} is merged")
     conf = tmp_path / path.name
     conf.write_bytes(jsonio.dumps(doc))
     first = None

@@ -1,7 +1,7 @@
 """Import cost is latency: a real macvlan ADD/DEL (host-local from /usr/lib/cni) under
-`python -X importtime` speaks netlink through cni.netlink.wire and loads no pyroute2 at all (pyroute2
-is the codec of SR-IOV VF lists only), nor asyncio or ssl; neither does VERSION. Runs from source (the
-frozen bundle has no -X)."""
+`python -X importtime` speaks netlink through cni.netlink.wire and loads no pyroute2 at all (only the
+netlink tests use it, as their reference codec), nor asyncio or ssl; neither does VERSION. Runs from
+source (the frozen bundle has no -X)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,9 @@ kubeconfig to the node's flat file; here it is set inline to the tenant's node S
 kubeconfig, tokenFile as the installer writes it). The Pod carries the `k8s.v1.cni.cncf.io/networks`
 annotation; its devices come from the kubelet device-plugin checkpoint Multus reads (a fixed path:
 /var/lib is the test's own directory in a private mount namespace, tests/e2e/node.py), naming PCI
-addresses of a fake sysfs (tests/devlab.py) whose netdevs are veth ends. The cluster network is
-Debian's ptp + host-local.
+addresses of a fake sysfs (tests/devlab.py) whose netdevs are veth ends; the SR-IOV VF's PF-side
+settings go to the recording VF seam (sriov from source through tests/launch.py: source pass only).
+The cluster network is Debian's ptp + host-local.
 
 Multus itself uses an admin kubeconfig (it is not our product); every directory it can be given
 (confDir, cniDir, binDir, logFile) is in tmp_path."""
@@ -19,7 +20,9 @@ import copy
 import ipaddress
 import json
 import os
+import shlex
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +33,12 @@ import yaml
 
 from cni import jsonio
 from cni.registry import PLUGINS
-from tests import kubeup
+from tests import kubeup, launch
 from tests.devlab import NIC_PCI, VF_PCIS, Lab
 from tests.e2e import bundle_driver
 from tests.e2e.node import Node
 from tests.examples import EXAMPLES
-from tests.nsutil import Call, Topology
+from tests.nsutil import REPO, Call, Topology
 
 NETWORKS = "k8s.v1.cni.cncf.io/networks"
 STATUS = "k8s.v1.cni.cncf.io/network-status"
@@ -100,6 +103,16 @@ class MultusNode:
         }))
         (tmp / "multus-conf.d").mkdir()
         self.pods: list[str] = []
+
+    def with_seams(self, plugin: str, *options: str) -> None:
+        """`plugin` in the node's bin dir runs from source through tests/launch.py with `options` (the
+        recording VF seam): only the source pass can (`source_only`)."""
+        assert bundle_driver.frozen_dir() is None, "a test that needs seams is marked source_only"
+        entry = self.bin / plugin
+        entry.unlink()
+        entry.write_text(f'#!/bin/sh\nPYTHONPATH="{REPO}" exec "{sys.executable}" -m tests.launch '
+                         f'{shlex.join(options)} -- {plugin}\n')
+        entry.chmod(0o755)
 
     def checkpoint(self, entries: list[tuple[str, str, list[str]]]) -> None:
         """The kubelet's device-plugin checkpoint: (pod UID, resource, device IDs) per entry."""
@@ -266,8 +279,14 @@ def test_macvlan_whereabouts_and_host_device_in_one_pod(mnode: MultusNode) -> No
         assert mn.caches() == []
 
 
+source_only = pytest.mark.skipif(bundle_driver.frozen_dir() is not None,
+                                 reason="needs test seams (tests/launch.py), which only the source pass has")
+
+
+@source_only
 def test_sriov_vf_from_the_device_plugin(mnode: MultusNode) -> None:
     mn, lab, topo, tenant = mnode, mnode.lab, mnode.lab.topo, mnode.tenant
+    mn.with_seams("sriov", *launch.options(fake_pf=lab.fake_pf))
     sriov = nad("sriov-vf.yaml", tenant.namespace, tenant.node)
     mn.create_nad(sriov)
     resource = sriov["metadata"]["annotations"]["k8s.v1.cni.cncf.io/resourceName"]

@@ -23,8 +23,10 @@ from cni.netlink import links
 from cni.netlink.socket import opened
 from ipam.store.base import Store
 from ipam.store.memory import Backend, MemoryStore
+from tests import launch
 from tests.concurrency.stores import Target
 from tests.devlab import VF_PCIS, Lab
+from tests.fakevf import FakeVf
 from tests.nsutil import REPO, Topology
 
 SECRET = "PYCNI-SECRET-fuzz-7f3a"  # never valid anywhere; the log grep looks for the prefix
@@ -98,7 +100,7 @@ class FuzzLab:
         env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "fz0123", "CNI_NETNS": self.pod,
                "CNI_IFNAME": "net1", "CNI_PATH": str(self.lab.bin), "NODENAME": "node-fz",
                "CNI_ARGS": "IgnoreUnknown=true;K8S_POD_NAMESPACE=fz;K8S_POD_NAME=p;K8S_POD_UID=u-1",
-               **self.lab.env(fake=True)}
+               **self.lab.env()}
         env.update(extra)
         return env
 
@@ -144,6 +146,9 @@ class FuzzLab:
             mp.setattr("cni.device.conf.DEFAULT_DIR", str(self.default_state))
             if self.store == "memory":
                 mp.setattr("ipam.store.select.open_store", lambda conf: MemoryStore(self.backend))
+            # the recording VF seam, installed as tests/launch.py installs it in a plugin process
+            fake_pf = str(self.lab.fake_pf)
+            mp.setattr("cni.sriov.vf.factory", lambda: FakeVf(fake_pf))
             yield
 
     def open_store(self) -> Store:
@@ -235,15 +240,16 @@ class FuzzLab:
 
 
 def run_process(lab: FuzzLab, plugin: str, env: Mapping[str, str], stdin: bytes,
-                cwd: Path | None = None) -> Outcome:
-    """The same call as a real process (`python -m cni PLUGIN` inside the lab's host namespace; the
-    IPAM alone stays in this namespace: it touches no link, and its store may listen on loopback)."""
+                cwd: Path | None = None, faults: str = "") -> Outcome:
+    """The same call as a real process (`python -m cni PLUGIN` with the recording VF seam and `faults`
+    installed by tests/launch.py, inside the lab's host namespace; the IPAM alone stays in this
+    namespace: it touches no link, and its store may listen on loopback)."""
     import subprocess
 
     full = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
     full.update(env)
     full["PYTHONPATH"] = str(REPO)
-    cmd = [sys.executable, "-m", "cni", plugin]
+    cmd = launch.command(plugin, faults, lab.lab.fake_pf)
     if plugin != "whereabouts":
         cmd = ["ip", "netns", "exec", lab.topo.host, *cmd]
     envb = {os.fsencode(k): os.fsencode(v) for k, v in full.items()}

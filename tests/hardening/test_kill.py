@@ -1,7 +1,7 @@
 """SIGKILL at every step of ADD, then DEL: nothing remains (issue 7, "Faults").
 
-Each plugin runs as a real process with PYCNI_TEST_FAULTS=<step>! (cni/faults.py), which kills it
-at that step: no rollback runs. Then the runtime's DEL (no fault) must succeed and leave no link in
+Each plugin runs as a real process with `--faults <step>!` (tests/launch.py, cni/faults.py), which
+kills it at that step: no rollback runs. Then the runtime's DEL (no fault) must succeed and leave no link in
 the pod, no changed host link, no device record or lock file, no changed VF setting (sriov, fake
 sysfs and recording VF seam) and no allocation or reservation; and the next ADD and DEL succeed."""
 
@@ -64,7 +64,7 @@ def kill_then_del(lab: FuzzLab, plugin: str, step: str) -> None:
         conf["ipam"]["ipRanges"] = [{"range": "2001:db8:4::/120"}]  # two ranges: killed between them too
     stdin = jsonio.dumps(conf)
     env = lab.env("ADD", CNI_CONTAINERID=f"kill-{plugin}-{step}")
-    killed = run_process(lab, plugin, {**env, "PYCNI_TEST_FAULTS": f"{step}!"}, stdin)
+    killed = run_process(lab, plugin, env, stdin, faults=f"{step}!")
     assert killed.rc == -signal.SIGKILL, f"step {step} not reached: rc {killed.rc}, {killed.raw!r}"
     TALLY["faults injected (SIGKILL)"] += 1
     assert killed.out is None  # nothing printed: the runtime sees a crashed plugin
@@ -88,7 +88,7 @@ def test_add_again_after_a_kill_before_the_rename(lab: FuzzLab) -> None:
     temporary name is removed, not a cause of EEXIST."""
     stdin = jsonio.dumps(lab.conf("macvlan"))
     env = lab.env("ADD", CNI_CONTAINERID="kill-readd")
-    assert run_process(lab, "macvlan", {**env, "PYCNI_TEST_FAULTS": "link!"}, stdin).rc == -signal.SIGKILL
+    assert run_process(lab, "macvlan", env, stdin, faults="link!").rc == -signal.SIGKILL
     TALLY["faults injected (SIGKILL)"] += 1
     assert len(lab.pod_links()) == 1
     again = run_process(lab, "macvlan", env, stdin)

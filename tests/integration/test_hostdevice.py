@@ -134,7 +134,7 @@ def test_failure_at_each_step_leaves_the_device_as_before(lab: Lab, where: str) 
     fail = {"fail": "ADD"} if kind == "ipam-add" else {}
     ipam = lab.fake_ipam("198.51.100.61/24", "2001:db8::61/64", **fail)
     add = lab.run("host-device", "ADD", lab.conf("host-device", ipam=ipam, device=lab.nic), netns=pod,
-                  env={"PYCNI_TEST_FAULTS": step} if kind == "fault" else {})
+                  faults=step if kind == "fault" else "")
     assert add.rc == 1, add.out
     assert "Traceback" not in add.stderr
     assert_home(lab, lab.nic, before, pod)

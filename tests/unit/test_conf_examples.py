@@ -1,6 +1,5 @@
-"""Every file in conf-examples/ parses with pycni's loaders (or, for types still on other branches, the
-field lists of the reference docs: tests/examples.PENDING_TYPES); the Kubernetes objects validate
-offline; the NADs carry what Multus and the device plugins need."""
+"""Every file in conf-examples/ parses with pycni's loaders; the Kubernetes objects validate offline;
+the NADs carry what Multus and the device plugins need."""
 
 from __future__ import annotations
 
@@ -74,16 +73,16 @@ def test_loaders_reject_a_broken_example() -> None:
     bad["mode"] = "bogus"
     with pytest.raises(ConfigError, match="mode"):
         examples.load_plugin(bad)
-    with pytest.raises(ValueError, match="unknown fields"):
-        sriov = examples.nad_config(examples.EXAMPLES / "kubernetes" / "sriov-vf.yaml")
-        examples.field_check("sriov", {**sriov, "vlanid": 3})
-    with pytest.raises(ValueError):
-        examples.field_check("whereabouts", {"type": "whereabouts", "range": "198.18.0.0/33"})
+    sriov = examples.nad_config(examples.EXAMPLES / "kubernetes" / "sriov-vf.yaml")
+    with pytest.raises(ConfigError, match="vlan"):
+        examples.load_plugin({**sriov, "vlan": 4095})
+    with pytest.raises(ConfigError, match="range"):
+        examples.load_ipam({"type": "whereabouts", "range": "198.18.0.0/33"}, ())
 
 
-def test_every_example_type_is_registered_or_pending() -> None:
-    """Nothing escapes both checks: a type is parsed by its real loader, or by the field-list hook."""
+def test_every_example_type_is_registered() -> None:
+    """Every type is parsed by its real loader."""
     used = {examples.nad_config(p)["type"] for p in examples.nads()} | {"whereabouts"}
     for path in examples.conflists():
         used |= {pl["type"] for pl in jsonio.loads(path.read_bytes())["plugins"]}
-    assert all(kind in PLUGINS or kind in examples.PENDING_TYPES for kind in used), used
+    assert all(kind in PLUGINS for kind in used), used

@@ -11,10 +11,10 @@ import pytest
 
 from cni.device.records import Attachment
 from cni.errors import CheckError, CniError
-from cni.sriov.fakevf import FakeVf
 from cni.sriov.settings import VfHooks
 from cni.sriov.vf import Setting, VfState
 from cni.undo import Undo
+from tests.fakevf import FakeVf
 
 PF = "pf0"
 ORIGINAL = VfState(mac="02:00:00:00:0a:02", vlan=7, qos=1, proto="802.1q", spoofchk=1, trust=0,

@@ -188,13 +188,3 @@ def test_ipam_path_never_imports_pyroute2(conf: dict[str, Any]) -> None:
     assert {"ipam.plugin", "ipam.engine", "ipam.store.local", "sqlite3"} <= imported  # the probe works
     assert not [m for m in imported if m.startswith("pyroute2") or m.startswith("cni.netlink")]
     assert not [m for m in imported if m.split(".")[0] in ("kubernetes", "etcd3", "grpc", "yaml")]
-
-
-def test_store_module_missing_from_the_build_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cni.errors import ConfigError
-    from ipam.config import StoreConfig
-    from ipam.store import select
-
-    monkeypatch.setitem(select.MODULES, "etcd", "ipam.store.no_such_store")
-    with pytest.raises(ConfigError, match=r'ipam\.datastore: "etcd" is not available in this build'):
-        select.open_store(StoreConfig("etcd"))

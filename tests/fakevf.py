@@ -1,4 +1,5 @@
-"""A recording VfControl for tests (selected by PYCNI_SRIOV_FAKE_PF=<state file>; never otherwise).
+"""A recording VfControl for tests: installed as the VF seam (cni.sriov.vf.factory) by tests/launch.py
+`--fake-pf STATE` or by a test in-process; the product has no way to select it.
 
 The state file is JSON shared by every plugin process of a test:
 
