@@ -13,6 +13,7 @@ import contextlib
 import functools
 import ipaddress
 import os
+import time
 from collections.abc import Callable
 
 from cni import faults, log
@@ -147,6 +148,9 @@ class Engine:
             if lock is not None and ticket is not None and ticket.answered():
                 ticket.close()
                 return  # decided and written by another call on this node
+            if lock is not None and ticket is not None:
+                _pace(lock)
+            began = time.monotonic()
             taken = nodequeue.take(ticket if lock is not None else None, batch.MAX_BATCH - len(pending))
             for op in taken.ops:
                 op.started = op.begun = self.retry.clock()
@@ -183,6 +187,7 @@ class Engine:
                 faults.point("store-commit")  # tests: inside the store transaction, before it ends
             self._keep_view(lock, name, version)
             if lock is not None:
+                lock.took(time.monotonic() - began)
                 self._remember(lock, decided)
             for op in decided:
                 op.done = True
@@ -502,6 +507,14 @@ class Engine:
                 errors.append(e)
         if errors:
             raise CniError("GC: " + "; ".join(e.msg for e in errors), code=int(errors[0].code))
+
+
+def _pace(lock: nodelock.Held) -> None:
+    """A plugin process holding the node lock waits as the agent's combiner does (batch.PACE): the
+    node's calls that arrive meanwhile queue behind the lock and join this write (ipam.nodequeue)."""
+    gap = lock.gap(batch.PACE, batch.PACE_MAX)
+    if gap > 0:
+        time.sleep(gap)
 
 
 def _withdraw(ticket: nodequeue.Ticket, path: str) -> None:

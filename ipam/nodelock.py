@@ -63,7 +63,8 @@ class Held:
     """The lock while it is held. Besides the progress counter (bytes 0-8) the file keeps how long
     writers of this pool on this node should expect contention (bytes 8-16, a wall-clock deadline in
     milliseconds): a call that lost a race to another node says so, and the calls after it on this
-    node spread their candidates at once instead of each losing the same races again.
+    node spread their candidates at once instead of each losing the same races again. Bytes 16-32 pace
+    the node's writes of the pool (gap, took).
 
     Beside the lock, `<lock>.snap` keeps the pool as the last holder's write left it (the store's
     answer to that write), stamped with that holder's counter value. The next holder can start from
@@ -81,6 +82,18 @@ class Held:
 
     def heat(self, seconds: float) -> None:
         os.pwrite(self.fd, int((time.time() + seconds) * 1000).to_bytes(8, "little"), 8)
+
+    def gap(self, pace: float, longest: float) -> float:
+        """Seconds to wait before this holder's write (bytes 16-32: how long the previous write took
+        and when it ended, wall-clock milliseconds): `pace` times that duration after its end, at most
+        `longest` (batch.Combiner's pacing, across the node's processes)."""
+        took, ended = (int.from_bytes(os.pread(self.fd, 8, at).ljust(8, b"\0"), "little") for at in (16, 24))
+        return min(took * pace, longest * 1000, 10_000) / 1000 - (time.time() - ended / 1000)
+
+    def took(self, seconds: float) -> None:
+        """Record how long this holder's write took, ending now (see gap)."""
+        now = int(time.time() * 1000)
+        os.pwrite(self.fd, int(seconds * 1000).to_bytes(8, "little") + now.to_bytes(8, "little"), 16)
 
     def load(self) -> bytes | None:
         """The previous holder's snapshot, if it was the previous holder (else None)."""
