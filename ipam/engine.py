@@ -5,7 +5,7 @@ Overlapping ranges (one reservation per IP, cluster-wide): on ADD the reservatio
 pool is written, so no two pools can commit the same IP; on DEL the pool is released first and the
 reservation after. A crash between the two steps leaves at worst a reservation without a pool entry
 (an address parked, never one handed out twice); the same owner's next ADD reuses it, its DEL frees it
-(Engine._sweep_reservations), and GC and the reconciler free it once the owner is gone."""
+(ipam.reservations: Reservations.sweep), and GC and the reconciler free it once the owner is gone."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from ipam.allocator import SnapshotView
 from ipam.batch import BatchView, Claims, Op
 from ipam.config import IpamConfig
 from ipam.ranges import IPRange
+from ipam.reservations import Reservations, reserved_for
 from ipam.retry import Again, Retry, retrying
 from ipam.store.base import (
     Allocation,
@@ -34,7 +35,7 @@ from ipam.store.base import (
     Store,
     StoreUnavailable,
 )
-from ipam.store.names import pool_name, reservation_address, reservation_name
+from ipam.store.names import pool_name
 
 SPREAD_MAX = 32  # after lost races, pick among at most this many of the lowest free addresses
 HOT_SECONDS = 10.0  # after a race lost to another node, this node's calls scatter at once for this long
@@ -53,12 +54,13 @@ class Engine:
         self.identity = f"{s.datastore}|{s.kubernetes.kubeconfig}|{s.etcd.host}|{s.local_db}"
         cluster = s.datastore in CLUSTER_STORES
         self.lock_dir = os.path.join(os.path.dirname(s.local_db), "pool-locks") if cluster else ""
+        self.reservations = Reservations(store, conf, self.retry, self.pool_name, self._atomic)
 
     def pool_name(self, rng: IPRange) -> str:
         return rng.pool or pool_name(rng.cidr, self.conf.network_name)
 
     def reservation_name(self, rng: IPRange, offset: int) -> str:
-        return reservation_name(str(rng.address(offset)), self.conf.network_name)
+        return self.reservations.name(rng, offset)
 
     def _retrying[T](self, what: str, attempt: Callable[[], T]) -> T:
         return retrying(self.retry, what, attempt)
@@ -66,11 +68,8 @@ class Engine:
     def _view(self, rng: IPRange) -> PoolView:
         """The pool as allocation sees it: the store's own view (inside `exclusive()`), else a snapshot."""
         name = self.pool_name(rng)
-        viewer = getattr(self.store, "view_pool", None)
-        view: PoolView | None
-        if viewer is not None:
-            view = viewer(name)
-        else:
+        view: PoolView | None = self.store.view_pool(name)
+        if view is None:
             pool = self.store.get_pool(name)
             view = None if pool is None else SnapshotView(pool)
         if view is None:
@@ -89,9 +88,10 @@ class Engine:
     ) -> contextlib.AbstractContextManager[nodelock.Held | None]:
         """One attempt's read-modify-write: the store's exclusive() (local), a node-local lock per pool
         (cluster stores: ipam.nodelock), else nothing."""
-        exclusive = getattr(self.store, "exclusive", None)
-        if exclusive is not None:
-            return exclusive()  # type: ignore[no-any-return]
+        if self.store.serial:
+            unit = self.store.exclusive()
+            if unit is not None:
+                return unit
         if self.lock_dir and pool:
             return nodelock.held(nodelock.path_for(self.lock_dir, self.identity, node, pool))
         return contextlib.nullcontext()
@@ -168,7 +168,7 @@ class Engine:
             if cached and any(op.kind == "del" and not op.freed for op in decided):
                 view = self._view(rng)  # not in the snapshot: is it in the pool as stored?
                 changes, decided, _ = self._decide_all(view, [op for op in pending if not op.done], hot)
-            elif hot and claimed and not getattr(self.store, "merges", False):
+            elif hot and claimed and not self.store.merges:
                 again = self._view(rng)
                 if again.version != view.version:
                     view = again
@@ -229,17 +229,15 @@ class Engine:
 
     def _kept_view(self, rng: IPRange, lock: nodelock.Held | None) -> PoolView | None:
         """The pool as the previous writer on this node left it (see _step), if usable."""
-        restore = getattr(self.store, "restore", None)
-        data = lock.load() if lock is not None and restore is not None else None
-        pool = restore(data) if data is not None and restore is not None else None
+        data = lock.load() if lock is not None else None
+        pool = self.store.restore(data) if data is not None else None
         if not isinstance(pool, Pool) or not _same_network(pool.range, rng):
             return None
         return SnapshotView(pool)
 
     def _keep_view(self, lock: nodelock.Held | None, name: str, version: str | None) -> None:
-        snapshot = getattr(self.store, "snapshot", None)
-        if lock is not None and snapshot is not None and version is not None:
-            lock.save(snapshot(name, version))
+        if lock is not None and version is not None:
+            lock.save(self.store.snapshot(name, version))
 
     def _decide_all(
         self, view: PoolView, pending: list[Op], hot: bool | None
@@ -269,7 +267,7 @@ class Engine:
         # stores that serialise writers (exclusive()) never lose races: no spread there; a pool other
         # nodes are racing on (`hot`): each candidate is the lowest free address after a random point
         # of the range, so the nodes' writers stop meeting on the same few lowest addresses
-        serial = getattr(self.store, "exclusive", None) is not None
+        serial = self.store.serial
         while True:
             scatter = not serial and hot is not None and (hot or op.claims.lost > 0)
             width = 1 if serial or scatter else spread(op.claims)
@@ -283,7 +281,7 @@ class Engine:
             if op.overlapping:
                 lost = op.claims.lost
                 try:
-                    self._claim(op, decision, changes.version)
+                    self.reservations.claim(op, decision, changes.version)
                 except Again:
                     if op.claims.lost > lost:
                         op.started = self.retry.clock()  # lost to a racer: progress elsewhere
@@ -325,70 +323,15 @@ class Engine:
             keep = self.reservation_name(rng, offset) if self.conf.overlapping else ""
             return offset
         finally:
-            self._drop_claims(op.claims, keep, owner)
-
-    def _claim(self, op: Op, decision: allocator.Decision, pool_version: str | None = None) -> None:
-        """The cluster-wide reservation of the decided address: created (POST first: one request when it
-        is free), kept when this attachment holds it, taken over for the same pod and interface; a
-        candidate held by someone else is blocked and Again asks for another."""
-        rng, owner, claims = op.rng, op.owner, op.claims
-        name = self.reservation_name(rng, decision.offset)
-        if claims.mine.get(name) == decision.offset:
-            return  # created by this call (a lost pool commit leaves it ours): no need to read it again
-        try:
-            claims.created[name] = self.store.put_reservation(Reservation(name, owner))
-            claims.mine[name] = decision.offset
-            return
-        except Conflict:  # it exists: whose is it?
-            res = self.store.get_reservation(name)
-        if res is None:  # deleted since: judged again at once
-            raise Again()
-        if res.owner.same_attachment(owner):
-            return
-        if res.owner.same_pod_interface(owner) or _legacy_same_pod(res.owner, owner):
-            try:
-                version = self.store.put_reservation(Reservation(name, owner, res.version))
-            except Conflict:
-                raise Again() from None
-            if name in claims.created:
-                claims.created[name] = version
-        elif decision.kind == "new":
-            claims.blocked.add(decision.offset)
-            same_network = bool(res.owner.network) and res.owner.network == owner.network
-            if same_network or _newer(res.version, pool_version):
-                claims.lost += 1  # a racer (a reservation older than the pool we read: a steady block)
-            raise Again()
-        else:
-            log.error(
-                "%s: pool %s gives it to %s/%s but reservation %s names %s/%s",
-                rng.address(decision.offset),
-                self.pool_name(rng),
-                owner.container_id,
-                owner.ifname,
-                name,
-                res.owner.container_id,
-                res.owner.ifname,
-            )
-
-    def _drop_claims(self, claims: Claims, keep: str, owner: Allocation) -> None:
-        """Reservations this call created for candidates it did not end up with."""
-        for name, version in claims.created.items():
-            if name == keep:
-                continue
-            try:
-                res = self.store.get_reservation(name)
-                if res is not None and res.version == version and res.owner.same_attachment(owner):
-                    self.store.delete_reservation(res)
-            except CniError as e:
-                log.warning("reservation %s left behind: %s", name, e)
+            self.reservations.drop(op.claims, keep, owner)
 
     # ---- DEL --------------------------------------------------------------------------------------
 
     def delete(self, owner: Allocation) -> None:
         """Release this attachment in every range; an unknown owner is success."""
         missing = [rng for rng in self.conf.ranges if not self._delete_range(rng, owner)]
-        if missing and self.conf.overlapping and getattr(self.store, "exclusive", None) is None:
-            self._sweep_reservations(owner)
+        if missing and self.conf.overlapping and not self.store.serial:
+            self.reservations.sweep(owner)
 
     def _delete_range(self, rng: IPRange, owner: Allocation) -> bool:
         """Release one range; False when the pool held nothing of this attachment."""
@@ -398,40 +341,8 @@ class Engine:
             for offset, held in op.freed:
                 name = self.reservation_name(rng, offset)
                 hint = Reservation(name, held, op.known[name]) if name in op.known else None
-                self._unclaim(name, functools.partial(_reserved_for, held=held), hint)
+                self.reservations.release(name, functools.partial(reserved_for, held=held), hint)
         return bool(op.freed)
-
-    def _sweep_reservations(self, owner: Allocation) -> None:
-        """A pool without this attachment may still leave its reservation behind: an ADD killed between
-        claiming the address and writing the pool (on a store without exclusive(), the two writes are
-        separate). Free every reservation this attachment holds. Costs a paged list of the
-        reservations, so only a DEL that found nothing in some pool pays it (a repeated DEL, or the DEL
-        after a crashed ADD)."""
-        names = self._retrying(
-            "listing reservations",
-            lambda: [r.name for r in self.store.iter_reservations() if r.owner.same_attachment(owner)],
-        )
-        for name in names:
-            if self._held(name):
-                continue
-            log.info("reservation %s of %s/%s has no pool entry: released", name, owner.container_id,
-                     owner.ifname)
-            self._unclaim(name, owner.same_attachment)
-
-    def _held(self, name: str) -> bool:
-        """Whether a pool of this configuration holds the address reservation `name` names. Then the
-        reservation is not an orphan but the claim of that entry, even when it names another container:
-        upstream whereabouts takes an entry over for a kubelet re-ADD (new container id) and leaves
-        the reservation as it was. Reads the pools; only DEL's sweep and GC ask, for few names."""
-        for rng in self.conf.ranges:
-            ip = reservation_address(name, self.conf.network_name, rng.version)
-            if ip is None or ipaddress.ip_address(ip) not in rng.network:
-                continue
-            read = functools.partial(self.store.get_pool, self.pool_name(rng))
-            pool = self._retrying(f"reading {self.pool_name(rng)}", read)
-            if pool is not None and str(rng.offset(ipaddress.ip_address(ip))) in pool.allocations:
-                return True
-        return False
 
     def _release_where(self, rng: IPRange, doomed: Callable[[Allocation], bool]) -> list[int]:
         """Remove every allocation `doomed` picks from one pool (GC: reads the whole pool)."""
@@ -443,28 +354,6 @@ class Engine:
             if remove:
                 self.store.commit_pool(pool, PoolUpdate(remove=remove))
             return [int(k) for k in remove if k.isdigit()]
-
-    def _unclaim(
-        self, name: str, doomed: Callable[[Allocation], bool], hint: Reservation | None = None
-    ) -> None:
-        """Delete reservation `name` if `doomed` says so of its owner: with the version this process
-        knows (the store's memory, else `hint`, the node's) as a precondition, else read first."""
-        known = getattr(self.store, "known_reservation", None)
-        res = (known(name) if known is not None else None) or hint
-        if res is not None and doomed(res.owner):
-            try:  # as this process last wrote or read it: deleted if it is still that version
-                self.store.delete_reservation(res)
-                return
-            except Conflict:
-                pass  # changed since: judged on the stored one
-
-        def attempt() -> None:
-            with self._atomic():
-                res = self.store.get_reservation(name)
-                if res is not None and doomed(res.owner):
-                    self.store.delete_reservation(res)
-
-        self._retrying(f"releasing reservation {name}", attempt)
 
     # ---- CHECK / GC -------------------------------------------------------------------------------
 
@@ -501,8 +390,8 @@ class Engine:
             try:
                 doomed = [r.name for r in self.store.iter_reservations() if stale(r.owner)]
                 for name in doomed:
-                    if not self._held(name):
-                        self._unclaim(name, stale)
+                    if not self.reservations.held(name):
+                        self.reservations.release(name, stale)
             except CniError as e:
                 errors.append(e)
         if errors:
@@ -536,33 +425,3 @@ def _same_network(stored: str, rng: IPRange) -> bool:
         return ipaddress.ip_network(stored, strict=False) == rng.network
     except ValueError:
         return False
-
-
-def _reserved_for(res: Allocation, held: Allocation) -> bool:
-    """Whether a reservation (its owner `res`) belongs to the pool entry `held` that a DEL just freed,
-    so the DEL frees it too: the same attachment; or the same pod interface, whatever container id the
-    reservation names, because upstream whereabouts writes reservations without one and, when it takes
-    an entry over for a re-ADD (new container id), leaves the reservation as it was. A reservation of
-    another pod or interface is never touched."""
-    return res.same_attachment(held) or held.same_pod_interface(res) or _legacy_same_pod(res, held)
-
-
-def _newer(version: str | None, than: str | None) -> bool:
-    """Whether object version `version` was written after `than`. Kubernetes resourceVersions and etcd
-    mod_revisions are one cluster-wide counter: a reservation newer than the pool we read belongs to a
-    call in flight, not to an allocation the pool (or another pool) already held. Only a hint for
-    spreading candidates, never for correctness: unparsable versions say no."""
-    try:
-        return version is not None and than is not None and int(version) > int(than)
-    except ValueError:
-        return False
-
-
-def _legacy_same_pod(held: Allocation, owner: Allocation) -> bool:
-    """A reservation written by upstream whereabouts (no container id) for the same pod."""
-    return (
-        not held.container_id
-        and bool(owner.podref)
-        and held.podref == owner.podref
-        and held.ifname in ("", owner.ifname)
-    )

@@ -35,10 +35,11 @@ def pool_name_of(conf: IpamConfig, cni_name: str) -> str:
 
 
 def api_for(store: Store) -> NodeSlicePools:
-    client, namespace = getattr(store, "client", None), getattr(store, "namespace", None)
-    if client is None or not isinstance(namespace, str):
+    from ipam.store.kube import KubeStore  # loaded already when the datastore is kubernetes
+
+    if not isinstance(store, KubeStore):
         raise ConfigError("ipam.node_slice_size: node slices need the kubernetes datastore")
-    return NodeSlicePools(client, namespace, getattr(store, "role", None))
+    return NodeSlicePools(store.client, store.namespace, store.role)
 
 
 def resolve(
@@ -83,7 +84,7 @@ def resolve(
         log.info("NodeSlicePool %s: node %s assigned slice %s", name, node, held[index][1])
         return held[index][1]
 
-    server = str(getattr(getattr(getattr(store, "client", None), "conf", None), "server", ""))
+    server = api.client.conf.server
     key = (server, api.namespace, name, node, rng.cidr, conf.node_slice_size)
     found = _Known.get(key)
     if found is None:

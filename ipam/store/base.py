@@ -24,14 +24,23 @@ Listing: `iter_pools` and `iter_reservations` are generators that page through t
 CLI and the reconciler hold one page, not everything. A store handle is used by one thread at a time;
 open one handle per thread or process.
 
+Optional features are declared in `Store` with defaults that mean "not offered"; a store class
+subclasses `Store` and overrides what it offers (the engine asks, never probes with getattr):
+
 Optional: a store that can answer allocation's questions without loading a pool (the local store,
-with indexes) may offer `view_pool(name) -> PoolView | None`, valid inside `exclusive()`. The engine
-uses it when present and a snapshot of `get_pool` otherwise.
+with indexes) overrides `view_pool(name) -> PoolView | None`, valid inside `exclusive()`. The engine
+uses it when it answers and a snapshot of `get_pool` otherwise.
 
 Optional: a store that can make a read-modify-write atomic cheaply (the local store: one SQLite file
-on one node) may offer `exclusive() -> ContextManager[None]`: the calls made inside form one atomic
-unit. The engine then runs each attempt inside it, so writers on one node queue instead of racing.
-Correctness never depends on it (the CAS checks run inside as well); cluster stores do not offer it.
+on one node) sets `serial = True` and overrides `exclusive() -> ContextManager[None]`: the calls made
+inside form one atomic unit. The engine then runs each attempt inside it, so writers on one node queue
+instead of racing. Correctness never depends on it (the CAS checks run inside as well); cluster stores
+do not offer it.
+
+Optional (the Kubernetes store): `snapshot(name, version)` / `restore(data)` serialise a pool as this
+handle last read or wrote it, for the next writer on the node (ipam.nodelock); `known_reservation(name)`
+answers a reservation as this process last wrote or read it, so a delete can name its version without
+a read.
 
 Optional: a store may merge (`merges = True`, the Kubernetes store): `commit_pool` then applies the
 update to the pool as it is when the write arrives, guarded entry by entry instead of by the whole
@@ -49,6 +58,7 @@ CRD objects."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence, Set
+from contextlib import AbstractContextManager
 from typing import NamedTuple, Protocol
 
 from cni.errors import CniError, Code, TryAgainError
@@ -155,7 +165,11 @@ class Conflict(CniError):
 
 
 class Store(Protocol):
-    """One handle onto a store. See the module docstring for the rules."""
+    """One handle onto a store. See the module docstring for the rules; store classes subclass it and
+    so inherit the optional features' defaults (not offered)."""
+
+    merges: bool = False  # commit_pool guards entry by entry, not the whole version
+    serial: bool = False  # exclusive() makes an attempt atomic: writers through it never race
 
     def get_pool(self, name: str) -> Pool | None:
         """The pool named `name`, or None if it does not exist."""
@@ -194,3 +208,25 @@ class Store(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    # ---- optional features: the defaults say "not offered" ----------------------------------------
+
+    def exclusive(self) -> AbstractContextManager[None] | None:
+        """One atomic unit for the calls made inside (with `serial`); None: not offered."""
+        return None
+
+    def view_pool(self, name: str) -> PoolView | None:
+        """Pool `name` answered by the store itself inside exclusive(); None: read it with get_pool."""
+        return None
+
+    def snapshot(self, name: str, version: str) -> bytes | None:
+        """Pool `name` at `version` as this handle last read or wrote it, for restore(); None: unknown."""
+        return None
+
+    def restore(self, data: bytes) -> Pool | None:
+        """A pool from snapshot() (possibly another process'); None when not offered or unreadable."""
+        return None
+
+    def known_reservation(self, name: str) -> Reservation | None:
+        """Reservation `name` as this process last wrote or read it (possibly stale); None: unknown."""
+        return None

@@ -23,7 +23,7 @@ from typing import Any
 from cni import jsonio
 from ipam.config import StoreConfig
 from ipam.store import crd
-from ipam.store.base import Conflict, Pool, PoolUpdate, Reservation, StoreUnavailable
+from ipam.store.base import Conflict, Pool, PoolUpdate, Reservation, Store, StoreUnavailable
 from ipam.store.etcdgw import (
     Gateway,
     Rejected,
@@ -62,7 +62,7 @@ class _Read:
         self.key, self.revision, self.obj = key, revision, obj
 
 
-class EtcdStore:
+class EtcdStore(Store):
     def __init__(self, gateway: Gateway, prefix: str = PREFIX) -> None:
         self.gw = gateway
         self.prefix = prefix.encode()

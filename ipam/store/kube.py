@@ -35,6 +35,7 @@ from ipam.store.base import (
     Pool,
     PoolUpdate,
     Reservation,
+    Store,
     StoreBusy,
     StoreUnavailable,
 )
@@ -51,7 +52,7 @@ PATCH_TEST_FAILED = "the server rejected our request due to an error in our requ
 PAGES = {"ippools": 20, "overlappingrangeipreservations": 500}
 
 
-class KubeStore:
+class KubeStore(Store):
     merges = True  # commit_pool: a guarded JSON Patch of the changed entries (ipam.store.base)
     def __init__(self, client: Client, namespace: str, role: str | None = None, page: int = 0) -> None:
         """`page`: objects per list request for every kind (0: PAGES)."""

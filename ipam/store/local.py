@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ipam.config import StoreConfig
-from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, StoreUnavailable
+from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, Store, StoreUnavailable
 from ipam.store.localview import LocalView, num_of
 
 SCHEMA_VERSION = 1
@@ -56,7 +56,9 @@ def open_store(conf: StoreConfig) -> LocalStore:
     return LocalStore(conf.local_db)
 
 
-class LocalStore:
+class LocalStore(Store):
+    serial = True  # exclusive(): one IMMEDIATE transaction per attempt
+
     def __init__(self, path: str, busy_timeout: float = BUSY_TIMEOUT) -> None:
         self.path = path
         self.busy_timeout = busy_timeout

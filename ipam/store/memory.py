@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, StoreUnavailable
+from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, Store, StoreUnavailable
 
 PAGE = 50  # pools per page while iterating: small, so tests exercise paging
 
@@ -36,7 +36,7 @@ class Backend:
         return str(next(self._counter))
 
 
-class MemoryStore:
+class MemoryStore(Store):
     def __init__(self, backend: Backend | None = None) -> None:
         self.backend = backend or Backend()
 

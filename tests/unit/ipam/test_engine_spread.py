@@ -16,6 +16,8 @@ A = Allocation("ca", "ns/a", "net1", "uid-a", "netA", "node1")
 
 
 class Exclusive(MemoryStore):
+    serial = True
+
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
         yield
