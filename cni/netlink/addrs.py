@@ -8,14 +8,14 @@ import struct
 
 from cni.netlink import nla
 from cni.netlink.socket import NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, Netlink
-from cni.types.record import record
+from cni.types.valueclass import valueclass
 
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
 IFA_F_NODAD, IFA_F_OPTIMISTIC, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x04, 0x08, 0x40
 IFA_F_PERMANENT = 0x80
 
 
-@record
+@valueclass
 class Addr:
     address: ipaddress.IPv4Interface | ipaddress.IPv6Interface
     index: int

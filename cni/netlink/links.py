@@ -7,7 +7,7 @@ import struct
 
 from cni.netlink import nla
 from cni.netlink.socket import ENODEV, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, Netlink, NetlinkError
-from cni.types.record import field, record
+from cni.types.valueclass import field, valueclass
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ MACVLAN_MODES = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8, "source": 
 MACVLAN_MODE_NAMES = {v: k for k, v in MACVLAN_MODES.items()}
 
 
-@record
+@valueclass
 class Link:
     index: int
     name: str

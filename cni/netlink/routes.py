@@ -8,13 +8,13 @@ import struct
 
 from cni.netlink import nla
 from cni.netlink.socket import NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, Netlink
-from cni.types.record import record
+from cni.types.valueclass import valueclass
 
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 RT_TABLE_MAIN, RTPROT_BOOT, RTN_UNICAST = 254, 3, 1
 
 
-@record
+@valueclass
 class KRoute:
     dst: ipaddress.IPv4Network | ipaddress.IPv6Network
     gw: ipaddress.IPv4Address | ipaddress.IPv6Address | None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 
 from cni.netlink import links, nla
-from cni.types.record import field, record
+from cni.types.valueclass import field, valueclass
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ VF_RATE = struct.Struct("=III")  # struct ifla_vf_rate: vf, min_tx_rate, max_tx_
 VF_U32 = struct.Struct("=II")  # ifla_vf_tx_rate, _spoofchk, _link_state, _trust: vf, value
 
 
-@record
+@valueclass
 class VfInfo:
     """One VF as its PF reports it, the kernel's numbers unchanged (spoofchk/trust 0xFFFFFFFF: the driver
     cannot tell). A field whose attribute was absent keeps its default (None for the flags)."""
@@ -54,7 +54,7 @@ class VfInfo:
     link_state: int | None = None
 
 
-@record
+@valueclass
 class Pf:
     """A link and its VFs (num_vf None: the kernel sent no IFLA_NUM_VF, the device has no bus parent)."""
 

@@ -16,7 +16,7 @@ import pytest
 from cni import jsonio
 
 FULL_PYROUTE2 = ("pyroute2", "pyroute2.iproute", "pyroute2.ndb", "asyncio", "pyroute2.netlink.nlsocket")
-# Never on a macvlan call: dataclasses (and the inspect it imports) is replaced by cni.types.record;
+# Never on a macvlan call: dataclasses (and the inspect it imports) is replaced by cni.types.valueclass;
 # multiprocessing and platform came with pyroute2.config (pyroute2 is no longer a runtime dependency).
 # prometheus_client (and cni.exporter, its only importer) belong to the agent and the reconciler.
 PER_CALL_NEVER = ("dataclasses", "inspect", "multiprocessing", "platform", "pyroute2.config",
