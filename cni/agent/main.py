@@ -2,8 +2,8 @@
 one module of cni that imports the IPAM (the layer contracts of `make lint`, pyproject.toml), to hand
 the server what it warms up. Runs in the DaemonSet next to the installer; SIGTERM or SIGINT stops
 accepting at once (the socket is removed, new calls run in-process) and lets the requests in flight
-finish. Prometheus metrics (cni.exporter) are served on
---metrics (default 127.0.0.1:9736, PYCNI_METRICS overrides the default, `off` disables them)."""
+finish. Prometheus metrics (cni.exporter) are served on --metrics (default 127.0.0.1:9736,
+PYCNI_METRICS overrides the default, `off` disables them)."""
 
 from __future__ import annotations
 

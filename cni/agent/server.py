@@ -273,7 +273,7 @@ def warm(modules: Iterable[str] = (), hooks: Iterable[Callable[[], None]] = ()) 
     log.debug("warming up")  # also opens every long-lived file logging needs, before any request
 
     for name in (*modules, "cni.skel", "cni.delegate", "cni.netlink.links", "cni.netlink.addrs",
-                 "cni.netlink.routes", "cni.netlink.vfinfo", "cni.types.result", "subprocess", "sqlite3"):
+                 "cni.netlink.routes", "cni.netlink.vfinfo", "cni.types.result", "subprocess"):
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     for hook in hooks:
