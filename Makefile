@@ -67,9 +67,11 @@ image: deps bundle
 check-repro: venv
 	$(PY) -m bundler.repro
 
+# ruff, mypy strict, and the layer and dependency-boundary contracts (import-linter: pyproject.toml)
 lint: venv
 	$(VENV)/bin/ruff check cni ipam bundler tests
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 unit: venv
 	$(VENV)/bin/pytest -q tests/unit
@@ -122,4 +124,4 @@ bench-warm: deps venv driver bundle
 	$(PY) -m tests.bench.warm $(if $(N),-n $(N))
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis

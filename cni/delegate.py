@@ -13,8 +13,8 @@ from contextvars import ContextVar
 from cni import log
 from cni.errors import CniError, Code, ConfigError, DecodeError
 from cni.types.netconf import Request
-from cni.types.record import replace
 from cni.types.result import Result, parse
+from cni.types.valueclass import replace
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ valid UTF-8; output is compact UTF-8 (or 2-space indented)."""
 
 from __future__ import annotations
 
-import json  # noqa: TID251 (this is the one place)
+import json  # the one place (make lint: import-linter's contract)
 import re
 
 from cni.errors import DecodeError

@@ -13,7 +13,7 @@ from cni.types import fields as f
 from cni.types.args import CniArgs
 from cni.types.args import parse as parse_args
 from cni.types.netconf import Request
-from cni.types.record import replace
+from cni.types.valueclass import replace
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:

@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 
 from cni import log
 from cni.errors import ExhaustedError
-from cni.types.record import record
+from cni.types.valueclass import valueclass
 from ipam.ranges import IPRange
 from ipam.store.base import Allocation, Pool, PoolUpdate, PoolView, Segment
 
 
-@record
+@valueclass
 class Decision:
     """`kind`: "existing" (same owner, nothing to write), "takeover" (same pod and ifname, new
     container id: rewritten in place) or "new"."""

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence, Set
 
 from cni import metrics
-from cni.types.record import field, record
+from cni.types.valueclass import field, valueclass
 from ipam.ranges import IPRange
 from ipam.store.base import Allocation, PoolUpdate, PoolView, Segment
 
@@ -26,7 +26,7 @@ PACE = 1.0  # the agent's combiners: wait as long as the previous write took bef
 PACE_MAX = 0.5  # seconds: the longest such wait
 
 
-@record(frozen=False)
+@valueclass(frozen=False)
 class Claims:
     blocked: set[int] = field(default_factory=set)
     created: dict[str, str] = field(default_factory=dict)  # reservations made by this op: name -> version
@@ -34,7 +34,7 @@ class Claims:
     lost: int = 0  # candidates found reserved by someone else on this network
 
 
-@record(frozen=False)
+@valueclass(frozen=False)
 class Op:
     kind: str  # "add" | "del"
     rng: IPRange

@@ -15,8 +15,8 @@ from typing import Any
 from cni import jsonio
 from cni.errors import ConfigError, DecodeError
 from cni.types import fields as f
-from cni.types.record import field, record
 from cni.types.result import DNS, Route, parse_dns, parse_route
+from cni.types.valueclass import field, valueclass
 from ipam import ranges
 from ipam.ranges import IPRange
 
@@ -38,13 +38,13 @@ ETCD_KEYS = (
 )
 
 
-@record
+@valueclass
 class KubernetesConf:
     kubeconfig: str = ""
     k8s_api_root: str = ""  # parsed, unused (as upstream)
 
 
-@record
+@valueclass
 class EtcdConf:
     host: str = ""
     username: str = ""
@@ -54,7 +54,7 @@ class EtcdConf:
     ca_cert_file: str = ""
 
 
-@record
+@valueclass
 class StoreConfig:
     """Which store and how to reach it. `datastore` is one of DATASTORES."""
 
@@ -64,13 +64,13 @@ class StoreConfig:
     etcd: EtcdConf = field(default_factory=EtcdConf)
 
 
-@record
+@valueclass
 class StaticAddress:
     address: f.IPInterface
     gateway: f.IPAddress | None = None
 
 
-@record
+@valueclass
 class IpamConfig:
     ranges: tuple[IPRange, ...]
     gateway: f.IPAddress | None = None

@@ -29,7 +29,7 @@ from urllib.parse import quote, urlencode
 
 from cni import jsonio
 from cni.errors import ConfigError
-from cni.types.record import field, record
+from cni.types.valueclass import field, valueclass
 from ipam.httpconn import Connection, SlowAnswer, describe
 
 DEFAULT_NAMESPACE = "kube-system"  # upstream whereabouts' default (wbNamespaceFromCtx)
@@ -53,7 +53,7 @@ class Busy(Unreachable):
     """The server took the request but did not answer within the read timeout (overloaded)."""
 
 
-@record(frozen=False)
+@valueclass(frozen=False)
 class KubeConfig:
     """What one context of a kubeconfig says; data fields already decoded to PEM text."""
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from cni import log
 from cni.errors import CniError, Code, ConfigError
-from cni.types.record import replace
+from cni.types.valueclass import replace
 from ipam import slices
 from ipam.config import IpamConfig
 from ipam.retry import Retry, retrying

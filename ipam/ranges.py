@@ -9,12 +9,12 @@ import ipaddress
 
 from cni.errors import ConfigError
 from cni.types import fields as f
-from cni.types.record import record
+from cni.types.valueclass import valueclass
 
 Segment = tuple[int, int]
 
 
-@record
+@valueclass
 class IPRange:
     network: f.IPNetwork
     start: int  # first address handed out (absolute integer)

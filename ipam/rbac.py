@@ -6,13 +6,13 @@ new access fails the tests until it is declared here and granted there. No wildc
 
 from __future__ import annotations
 
-from cni.types.record import record
+from cni.types.valueclass import valueclass
 
 WHEREABOUTS = "whereabouts.cni.cncf.io"
 NODE, RECONCILER = "node", "reconciler"
 
 
-@record
+@valueclass
 class Rule:
     group: str  # "" is the core API group
     resource: str

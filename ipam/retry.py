@@ -18,11 +18,11 @@ from collections.abc import Callable
 
 from cni import metrics
 from cni.errors import TryAgainError
-from cni.types.record import field, record
+from cni.types.valueclass import field, valueclass
 from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
 
 
-@record
+@valueclass
 class Retry:
     deadline: float = 30.0  # seconds one operation may go on without a conflict (progress elsewhere)
     limit: float = 120.0  # absolute bound on one operation, conflicts or not

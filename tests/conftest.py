@@ -69,7 +69,7 @@ def default_paths(root: str = "/") -> set[str]:
     agent's default socket dir, the flat file dirs. Tests inject their own paths; none of these may
     appear during a session. `root`: another tree (tests)."""
     from cni.agent.client import DEFAULT_SOCKET
-    from cni.device.store import DEFAULT_DIR
+    from cni.device.statedir import DEFAULT_DIR
     from ipam.config import DEFAULT_LOCAL_DB, FLAT_FILES
 
     top = os.path.dirname(DEFAULT_LOCAL_DB)

@@ -1,6 +1,6 @@
-"""pyroute2 as the reference codec of the netlink tests (tests/unit/test_netlink_wire.py,
+"""pyroute2 as the reference codec of the netlink tests (tests/unit/test_netlink_nla.py,
 tests/unit/test_vf_encoding.py), through its public message classes only: pycni itself never imports
-pyroute2 (a dev/test dependency; cni.netlink.wire and the modules on it are the product's codec).
+pyroute2 (a dev/test dependency; cni.netlink.nla and the modules on it are the product's codec).
 
 The one addition: macvlan's IFLA_INFO_DATA with the broadcast-queue attributes pyroute2 0.9 lacks, a
 new nla class registered for the "macvlan" kind with pyroute2's own register_link_kind."""

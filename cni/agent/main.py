@@ -1,7 +1,9 @@
-"""`pycni-agent`: the node-local agent (cni.agent.server) as a command. Runs in the DaemonSet next to
-the installer; SIGTERM or SIGINT stops accepting at once (the socket is removed, new calls run
-in-process) and lets the requests in flight finish. Prometheus metrics (cni.exporter) are served on
---metrics (default 127.0.0.1:9736, PYCNI_METRICS overrides the default, `off` disables them)."""
+"""`pycni-agent`: the node-local agent (cni.agent.server) as a command, and its composition root: the
+one module of cni that imports the IPAM (the layer contracts of `make lint`, pyproject.toml), to hand
+the server what it warms up. Runs in the DaemonSet next to the installer; SIGTERM or SIGINT stops
+accepting at once (the socket is removed, new calls run in-process) and lets the requests in flight
+finish. Prometheus metrics (cni.exporter) are served on --metrics (default 127.0.0.1:9736,
+PYCNI_METRICS overrides the default, `off` disables them)."""
 
 from __future__ import annotations
 
@@ -82,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     from cni.__main__ import build_id
     from cni.agent.server import Agent, say, warm
+    from cni.registry import LAZY_MODULES
+    from ipam.store.handles import keep_warm
 
-    warm()
+    # every plugin, tool, IPAM and store module; cluster store connections outlive a request
+    warm(LAZY_MODULES, hooks=(keep_warm,))
     agent = Agent(args.socket, build_id(), max_inflight=args.max_inflight)
     try:
         agent.bind()

@@ -1,4 +1,4 @@
-"""The agent's wire protocol: length-prefixed frames on a unix stream socket, stdlib only (the shim
+"""The agent's protocol: length-prefixed frames on a unix stream socket, stdlib only (the shim
 imports this module on every plugin call).
 
 A frame is a 4-byte big-endian length, one kind byte, then the payload. One exchange per connection:

@@ -1,6 +1,6 @@
 """The node-local agent: serves CNI calls from the shim (cni.agent.client) over a unix socket, by
 calling the same `cni.skel.run` a plugin process calls, with the netlink codec, the plugin modules and
-the IPAM modules imported once.
+the IPAM modules imported once (`warm`: what the agent's main hands it; this module imports no IPAM).
 
 Each connection gets its own thread, and the request runs on that thread in the caller's context:
 its environment (passed, never os.environ), its network namespace (setns on this thread only), its
@@ -21,6 +21,7 @@ import socket
 import stat
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from cni import metrics
@@ -260,25 +261,26 @@ class Agent:
         say(f"served {job.plugin} {command} rc={rc} in {took * 1000:.1f} ms")
 
 
-def warm() -> None:
-    """Import what requests need (the netlink codec, plugins, IPAM, stores) once, here, rather than
-    concurrently in the first requests."""
+def warm(modules: Iterable[str] = (), hooks: Iterable[Callable[[], None]] = ()) -> None:
+    """Import what requests need once, here, rather than concurrently in the first requests: the
+    protocol core and the netlink modules, and `modules`; then run `hooks`. The server knows only the
+    CNI side: the agent's composition root (cni.agent.main) passes the plugins, the IPAM and its stores
+    (cni.registry's lists) and the IPAM's own start-up (ipam.store.handles.keep_warm)."""
     import importlib
 
     from cni import log
-    from cni.registry import LAZY_MODULES
 
     log.debug("warming up")  # also opens every long-lived file logging needs, before any request
 
-    for name in (*LAZY_MODULES, "cni.skel", "cni.delegate", "cni.netlink.links", "cni.netlink.addrs",
-                 "cni.netlink.routes", "cni.netlink.vfinfo", "cni.types.result", "subprocess", "sqlite3"):
+    for name in (*modules, "cni.skel", "cni.delegate", "cni.netlink.links", "cni.netlink.addrs",
+                 "cni.netlink.routes", "cni.netlink.vfinfo", "cni.types.result", "subprocess"):
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
+    for hook in hooks:
+        hook()
+
     from cni.netlink import addrs, links, routes
     from cni.netlink.socket import opened
-    from ipam.store.handles import keep_warm
-
-    keep_warm()  # cluster store connections outlive a request (ipam.store.handles)
 
     with contextlib.suppress(OSError), opened(None) as nl:
         links.dump(nl)

@@ -23,7 +23,7 @@ from cni.errors import (
 from cni.netlink import links
 from cni.netlink.socket import opened
 from cni.plugins import common
-from cni.types import record
+from cni.types import valueclass
 from cni.types.netconf import Request, require_prev_result
 from cni.types.result import Interface, Result
 from cni.undo import Undo
@@ -135,7 +135,7 @@ def _attach(req: Request, conf: DeviceConf, recs: Records, att: Attachment, pod_
         undo.push("release the IPAM allocation", delegate.delete, req)
         faults.point("ipam")
         if conf.dns:
-            result = record.replace(result, dns=conf.dns)
+            result = valueclass.replace(result, dns=conf.dns)
         if index:
             ifconfig.configure(pod_fd, index, result, dad=conf.dad)
             faults.point("configure")

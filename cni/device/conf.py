@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from cni import ifconfig
 from cni.device.records import Attachment
-from cni.device.store import DEFAULT_DIR
+from cni.device.statedir import DEFAULT_DIR
 from cni.errors import ConfigError
 from cni.types import fields as f
 from cni.types.netconf import Request

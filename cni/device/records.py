@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from cni import jsonio, log
-from cni.device.store import StateDir
+from cni.device.statedir import StateDir
 from cni.errors import CniError
 from cni.netlink.links import Link
 

@@ -6,16 +6,16 @@ import ipaddress
 import socket
 import struct
 
-from cni.netlink import wire
+from cni.netlink import nla
 from cni.netlink.socket import NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, Netlink
-from cni.types.record import record
+from cni.types.valueclass import valueclass
 
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
 IFA_F_NODAD, IFA_F_OPTIMISTIC, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x04, 0x08, 0x40
 IFA_F_PERMANENT = 0x80
 
 
-@record
+@valueclass
 class Addr:
     address: ipaddress.IPv4Interface | ipaddress.IPv6Interface
     index: int
@@ -43,28 +43,28 @@ def add(
     nl: Netlink, index: int, addr: ipaddress.IPv4Interface | ipaddress.IPv6Interface, flags: int = 0
 ) -> None:
     header = IFADDRMSG.pack(_family(addr), addr.network.prefixlen, 0, 0, index)
-    attrs = [wire.ip(IFA_LOCAL, str(addr.ip)), wire.ip(IFA_ADDRESS, str(addr.ip))]
+    attrs = [nla.ip(IFA_LOCAL, str(addr.ip)), nla.ip(IFA_ADDRESS, str(addr.ip))]
     if addr.version == 4 and addr.network.prefixlen < 31:
-        attrs.append(wire.ip(IFA_BROADCAST, str(addr.network.broadcast_address)))
+        attrs.append(nla.ip(IFA_BROADCAST, str(addr.network.broadcast_address)))
     if flags:
-        attrs.append(wire.u32(IFA_FLAGS, flags))
-    msg = wire.Request(header, b"".join(attrs), _decode)
+        attrs.append(nla.u32(IFA_FLAGS, flags))
+    msg = nla.Message(header, b"".join(attrs), _decode)
     nl.request(msg, RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, f"add address {addr}")
 
 
 def _decode(chunk: bytes) -> Addr | None:
     """An RTM_NEWADDR message (nlmsghdr included) as an Addr; None without an address."""
-    _family, prefixlen, flags, scope, index = IFADDRMSG.unpack_from(chunk, wire.NLMSGHDR.size)
-    a = wire.parse(chunk, wire.NLMSGHDR.size + IFADDRMSG.size)
-    local = wire.address(a.get(IFA_LOCAL)) or wire.address(a.get(IFA_ADDRESS))
+    _family, prefixlen, flags, scope, index = IFADDRMSG.unpack_from(chunk, nla.NLMSGHDR.size)
+    a = nla.parse(chunk, nla.NLMSGHDR.size + IFADDRMSG.size)
+    local = nla.address(a.get(IFA_LOCAL)) or nla.address(a.get(IFA_ADDRESS))
     if local is None:
         return None
-    extended = wire.uint(a.get(IFA_FLAGS))
+    extended = nla.uint(a.get(IFA_FLAGS))
     return Addr(ipaddress.ip_interface(f"{local}/{prefixlen}"), index,
                 extended if extended is not None else flags, scope)
 
 
 def dump(nl: Netlink, index: int = 0, family: int = socket.AF_UNSPEC) -> list[Addr]:
-    msg = wire.Request(IFADDRMSG.pack(family, 0, 0, 0, 0), b"", _decode)
+    msg = nla.Message(IFADDRMSG.pack(family, 0, 0, 0, 0), b"", _decode)
     replies = nl.request(msg, RTM_GETADDR, NLM_F_DUMP, "list addresses")
     return [a for a in replies if a is not None and (not index or a.index == index)]

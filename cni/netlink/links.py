@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import struct
 
-from cni.netlink import wire
+from cni.netlink import nla
 from cni.netlink.socket import ENODEV, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, Netlink, NetlinkError
-from cni.types.record import field, record
+from cni.types.valueclass import field, valueclass
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ MACVLAN_MODES = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8, "source": 
 MACVLAN_MODE_NAMES = {v: k for k, v in MACVLAN_MODES.items()}
 
 
-@record
+@valueclass
 class Link:
     index: int
     name: str
@@ -50,38 +50,38 @@ OPERSTATES = ("UNKNOWN", "NOTPRESENT", "DOWN", "LOWERLAYERDOWN", "TESTING", "DOR
 
 def decode(chunk: bytes) -> Link:
     """An RTM_NEWLINK message (nlmsghdr included) as a Link."""
-    _family, _type, index, flags, _change = IFINFOMSG.unpack_from(chunk, wire.NLMSGHDR.size)
-    a = wire.parse(chunk, wire.NLMSGHDR.size + IFINFOMSG.size)
-    info = wire.parse(a.get(IFLA_LINKINFO))
-    kind = wire.text(info.get(IFLA_INFO_KIND))
+    _family, _type, index, flags, _change = IFINFOMSG.unpack_from(chunk, nla.NLMSGHDR.size)
+    a = nla.parse(chunk, nla.NLMSGHDR.size + IFINFOMSG.size)
+    info = nla.parse(a.get(IFLA_LINKINFO))
+    kind = nla.text(info.get(IFLA_INFO_KIND))
     mode, bcq = "", 0
     if kind == "macvlan" and IFLA_INFO_DATA in info:
-        data = wire.parse(info[IFLA_INFO_DATA])
-        mode = MACVLAN_MODE_NAMES.get(wire.uint(data.get(IFLA_MACVLAN_MODE)) or 0, "")
-        bcq = wire.uint(data.get(IFLA_MACVLAN_BC_QUEUE_LEN)) or 0
-    state = wire.uint(a.get(IFLA_OPERSTATE))
-    altnames = tuple(wire.text(v) for k, v in wire.items(a.get(IFLA_PROP_LIST)) if k == IFLA_ALT_IFNAME)
+        data = nla.parse(info[IFLA_INFO_DATA])
+        mode = MACVLAN_MODE_NAMES.get(nla.uint(data.get(IFLA_MACVLAN_MODE)) or 0, "")
+        bcq = nla.uint(data.get(IFLA_MACVLAN_BC_QUEUE_LEN)) or 0
+    state = nla.uint(a.get(IFLA_OPERSTATE))
+    altnames = tuple(nla.text(v) for k, v in nla.items(a.get(IFLA_PROP_LIST)) if k == IFLA_ALT_IFNAME)
     return Link(
         index=index,
-        name=wire.text(a.get(IFLA_IFNAME)),
+        name=nla.text(a.get(IFLA_IFNAME)),
         kind=kind,
-        mac=wire.hwaddr(a.get(IFLA_ADDRESS)),
-        mtu=wire.uint(a.get(IFLA_MTU)) or 0,
+        mac=nla.hwaddr(a.get(IFLA_ADDRESS)),
+        mtu=nla.uint(a.get(IFLA_MTU)) or 0,
         up=bool(flags & IFF_UP),
         operstate="" if state is None else OPERSTATES[state] if state < len(OPERSTATES) else str(state),
-        parent=wire.uint(a.get(IFLA_LINK)) or 0,
-        link_netnsid=wire.sint(a.get(IFLA_LINK_NETNSID)),
-        alias=wire.text(a.get(IFLA_IFALIAS)),
+        parent=nla.uint(a.get(IFLA_LINK)) or 0,
+        link_netnsid=nla.sint(a.get(IFLA_LINK_NETNSID)),
+        alias=nla.text(a.get(IFLA_IFALIAS)),
         macvlan_mode=mode,
         bcqueuelen=bcq,
         altnames=altnames,
-        perm_mac=wire.hwaddr(a.get(IFLA_PERM_ADDRESS)),
-        parent_dev=wire.text(a.get(IFLA_PARENT_DEV_NAME)),
+        perm_mac=nla.hwaddr(a.get(IFLA_PERM_ADDRESS)),
+        parent_dev=nla.text(a.get(IFLA_PARENT_DEV_NAME)),
     )
 
 
-def _msg(index: int = 0, *attrs: bytes, flags: int = 0, change: int = 0) -> wire.Request:
-    return wire.Request(IFINFOMSG.pack(0, 0, index, flags, change), b"".join(attrs), decode)
+def _msg(index: int = 0, *attrs: bytes, flags: int = 0, change: int = 0) -> nla.Message:
+    return nla.Message(IFINFOMSG.pack(0, 0, index, flags, change), b"".join(attrs), decode)
 
 
 def get(nl: Netlink, name: str | None = None, index: int = 0) -> Link | None:
@@ -94,10 +94,10 @@ def fetch[T](nl: Netlink, decoder: Callable[[bytes], T], name: str | None = None
     """get() with the answer decoded by `decoder` (cni.netlink.vfinfo reads a PF's VF list from it)."""
     if name and len(os.fsencode(name)) > 15:
         return None
-    attrs = [wire.asciiz(IFLA_IFNAME, name)] if name else []
-    attrs.append(wire.u32(IFLA_EXT_MASK, RTEXT_FILTER_VF))
+    attrs = [nla.asciiz(IFLA_IFNAME, name)] if name else []
+    attrs.append(nla.u32(IFLA_EXT_MASK, RTEXT_FILTER_VF))
     try:
-        replies = nl.request(wire.Request(IFINFOMSG.pack(0, 0, index, 0, 0), b"".join(attrs), decoder),
+        replies = nl.request(nla.Message(IFINFOMSG.pack(0, 0, index, 0, 0), b"".join(attrs), decoder),
                              RTM_GETLINK, 0, f"get link {name or index}")
     except NetlinkError as e:
         if e.errno in (ENODEV, 19, 2):
@@ -121,21 +121,21 @@ def create_macvlan(
     bcqueuelen: int = 0,
     netns_fd: int | None = None,
 ) -> None:
-    data = [wire.u32(IFLA_MACVLAN_MODE, MACVLAN_MODES[mode])]
+    data = [nla.u32(IFLA_MACVLAN_MODE, MACVLAN_MODES[mode])]
     if bcqueuelen:
-        data.append(wire.u32(IFLA_MACVLAN_BC_QUEUE_LEN, bcqueuelen))
+        data.append(nla.u32(IFLA_MACVLAN_BC_QUEUE_LEN, bcqueuelen))
     attrs = [
-        wire.asciiz(IFLA_IFNAME, name),
-        wire.u32(IFLA_LINK, parent),
-        wire.nested(IFLA_LINKINFO, wire.asciiz(IFLA_INFO_KIND, "macvlan"),
-                    wire.nested(IFLA_INFO_DATA, *data)),
+        nla.asciiz(IFLA_IFNAME, name),
+        nla.u32(IFLA_LINK, parent),
+        nla.nested(IFLA_LINKINFO, nla.asciiz(IFLA_INFO_KIND, "macvlan"),
+                    nla.nested(IFLA_INFO_DATA, *data)),
     ]
     if mtu:
-        attrs.append(wire.u32(IFLA_MTU, mtu))
+        attrs.append(nla.u32(IFLA_MTU, mtu))
     if mac:
-        attrs.append(wire.mac(IFLA_ADDRESS, mac))
+        attrs.append(nla.mac(IFLA_ADDRESS, mac))
     if netns_fd is not None:
-        attrs.append(wire.u32(IFLA_NET_NS_FD, netns_fd))
+        attrs.append(nla.u32(IFLA_NET_NS_FD, netns_fd))
     nl.request(_msg(0, *attrs), RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, f"create macvlan {name}")
 
 
@@ -144,7 +144,7 @@ def _set(nl: Netlink, index: int, attr: bytes, op: str, flags: int = 0, change: 
 
 
 def set_name(nl: Netlink, index: int, name: str) -> None:
-    _set(nl, index, wire.asciiz(IFLA_IFNAME, name), f"rename link {index} to {name}")
+    _set(nl, index, nla.asciiz(IFLA_IFNAME, name), f"rename link {index} to {name}")
 
 
 def set_up(nl: Netlink, index: int, up: bool = True) -> None:
@@ -152,24 +152,24 @@ def set_up(nl: Netlink, index: int, up: bool = True) -> None:
 
 
 def set_mtu(nl: Netlink, index: int, mtu: int) -> None:
-    _set(nl, index, wire.u32(IFLA_MTU, mtu), f"set link {index} mtu {mtu}")
+    _set(nl, index, nla.u32(IFLA_MTU, mtu), f"set link {index} mtu {mtu}")
 
 
 def set_mac(nl: Netlink, index: int, mac: str) -> None:
-    _set(nl, index, wire.mac(IFLA_ADDRESS, mac), f"set link {index} address {mac}")
+    _set(nl, index, nla.mac(IFLA_ADDRESS, mac), f"set link {index} address {mac}")
 
 
 def set_alias(nl: Netlink, index: int, alias: str) -> None:
-    _set(nl, index, wire.asciiz(IFLA_IFALIAS, alias), f"set link {index} alias")
+    _set(nl, index, nla.asciiz(IFLA_IFALIAS, alias), f"set link {index} alias")
 
 
 def set_netns(nl: Netlink, index: int, netns_fd: int) -> None:
-    _set(nl, index, wire.u32(IFLA_NET_NS_FD, netns_fd), f"move link {index} to another namespace")
+    _set(nl, index, nla.u32(IFLA_NET_NS_FD, netns_fd), f"move link {index} to another namespace")
 
 
-def _altname(index: int, altname: str) -> wire.Request:
-    name = wire.asciiz(IFLA_ALT_IFNAME, altname)
-    return _msg(index, wire.nested(IFLA_PROP_LIST, name, flags=wire.NLA_F_NESTED))
+def _altname(index: int, altname: str) -> nla.Message:
+    name = nla.asciiz(IFLA_ALT_IFNAME, altname)
+    return _msg(index, nla.nested(IFLA_PROP_LIST, name, flags=nla.NLA_F_NESTED))
 
 
 def delete_altname(nl: Netlink, index: int, altname: str) -> None:

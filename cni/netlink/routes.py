@@ -6,15 +6,15 @@ import ipaddress
 import socket
 import struct
 
-from cni.netlink import wire
+from cni.netlink import nla
 from cni.netlink.socket import NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, Netlink
-from cni.types.record import record
+from cni.types.valueclass import valueclass
 
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 RT_TABLE_MAIN, RTPROT_BOOT, RTN_UNICAST = 254, 3, 1
 
 
-@record
+@valueclass
 class KRoute:
     dst: ipaddress.IPv4Network | ipaddress.IPv6Network
     gw: ipaddress.IPv4Address | ipaddress.IPv6Address | None
@@ -44,42 +44,42 @@ def add(
     family = socket.AF_INET if dst.version == 4 else socket.AF_INET6
     main = table if table is not None and table < 256 else RT_TABLE_MAIN
     header = RTMSG.pack(family, dst.prefixlen, 0, 0, main, RTPROT_BOOT, scope or 0, RTN_UNICAST, 0)
-    attrs = [wire.ip(RTA_DST, str(dst.network_address)), wire.u32(RTA_OIF, oif)]
+    attrs = [nla.ip(RTA_DST, str(dst.network_address)), nla.u32(RTA_OIF, oif)]
     if gw is not None:
-        attrs.append(wire.ip(RTA_GATEWAY, str(gw)))
+        attrs.append(nla.ip(RTA_GATEWAY, str(gw)))
     if priority:
-        attrs.append(wire.u32(RTA_PRIORITY, priority))
+        attrs.append(nla.u32(RTA_PRIORITY, priority))
     if table is not None:
-        attrs.append(wire.u32(RTA_TABLE, table))
-    metrics = [wire.u32(k, v) for k, v in ((RTAX_MTU, mtu), (RTAX_ADVMSS, advmss)) if v]
+        attrs.append(nla.u32(RTA_TABLE, table))
+    metrics = [nla.u32(k, v) for k, v in ((RTAX_MTU, mtu), (RTAX_ADVMSS, advmss)) if v]
     if metrics:
-        attrs.append(wire.nested(RTA_METRICS, *metrics))
-    msg = wire.Request(header, b"".join(attrs), _decode)
+        attrs.append(nla.nested(RTA_METRICS, *metrics))
+    msg = nla.Message(header, b"".join(attrs), _decode)
     nl.request(msg, RTM_NEWROUTE, NLM_F_CREATE | NLM_F_APPEND, f"add route {dst} via {gw or 'link'}")
 
 
 def _decode(chunk: bytes) -> KRoute | None:
     """An RTM_NEWROUTE message (nlmsghdr included) as a KRoute; None for other families."""
     family, dst_len, _src, _tos, table, _proto, scope, _type, _flags = RTMSG.unpack_from(
-        chunk, wire.NLMSGHDR.size)
+        chunk, nla.NLMSGHDR.size)
     if family not in (socket.AF_INET, socket.AF_INET6):
         return None
-    a = wire.parse(chunk, wire.NLMSGHDR.size + RTMSG.size)
+    a = nla.parse(chunk, nla.NLMSGHDR.size + RTMSG.size)
     zero = "0.0.0.0" if family == socket.AF_INET else "::"
-    dst = ipaddress.ip_network(f"{wire.address(a.get(RTA_DST)) or zero}/{dst_len}", strict=False)
-    gw = wire.address(a.get(RTA_GATEWAY))
+    dst = ipaddress.ip_network(f"{nla.address(a.get(RTA_DST)) or zero}/{dst_len}", strict=False)
+    gw = nla.address(a.get(RTA_GATEWAY))
     return KRoute(
         dst,
         ipaddress.ip_address(gw) if gw else None,
-        wire.uint(a.get(RTA_OIF)) or 0,
-        wire.uint(a.get(RTA_TABLE)) or table,
-        wire.uint(a.get(RTA_PRIORITY)) or 0,
+        nla.uint(a.get(RTA_OIF)) or 0,
+        nla.uint(a.get(RTA_TABLE)) or table,
+        nla.uint(a.get(RTA_PRIORITY)) or 0,
         scope,
     )
 
 
 def dump(nl: Netlink, family: int = socket.AF_UNSPEC) -> list[KRoute]:
-    msg = wire.Request(RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0), b"", _decode)
+    msg = nla.Message(RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0), b"", _decode)
     return [r for r in nl.request(msg, RTM_GETROUTE, NLM_F_DUMP, "list routes") if r is not None]
 
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager, suppress
 
 from cni import netns
 from cni.errors import KernelError
-from cni.netlink import wire
+from cni.netlink import nla
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class Netlink:
     def close(self) -> None:
         self.sock.close()
 
-    def request(self, msg: wire.Request, msg_type: int, flags: int, op: str) -> list[Any]:
+    def request(self, msg: nla.Message, msg_type: int, flags: int, op: str) -> list[Any]:
         """Send `msg` and return its replies, each decoded by the request's own decoder."""
         self.seq += 1
         self.sock.send(msg.encode(msg_type, flags | NLM_F_REQUEST | NLM_F_ACK, self.seq))

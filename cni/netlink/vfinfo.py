@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import struct
 
-from cni.netlink import links, wire
-from cni.types.record import field, record
+from cni.netlink import links, nla
+from cni.types.valueclass import field, valueclass
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every call ~4 ms
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ VF_RATE = struct.Struct("=III")  # struct ifla_vf_rate: vf, min_tx_rate, max_tx_
 VF_U32 = struct.Struct("=II")  # ifla_vf_tx_rate, _spoofchk, _link_state, _trust: vf, value
 
 
-@record
+@valueclass
 class VfInfo:
     """One VF as its PF reports it, the kernel's numbers unchanged (spoofchk/trust 0xFFFFFFFF: the driver
     cannot tell). A field whose attribute was absent keeps its default (None for the flags)."""
@@ -54,7 +54,7 @@ class VfInfo:
     link_state: int | None = None
 
 
-@record
+@valueclass
 class Pf:
     """A link and its VFs (num_vf None: the kernel sent no IFLA_NUM_VF, the device has no bus parent)."""
 
@@ -67,49 +67,49 @@ class Pf:
 
 
 def vf_mac(vf: int, mac: str) -> bytes:
-    return wire.attr(IFLA_VF_MAC, VF_MAC.pack(vf, bytes.fromhex(mac.replace(":", ""))))
+    return nla.attr(IFLA_VF_MAC, VF_MAC.pack(vf, bytes.fromhex(mac.replace(":", ""))))
 
 
 def vf_vlan(vf: int, vlan: int, qos: int) -> bytes:
     """The legacy IFLA_VF_VLAN (802.1Q only)."""
-    return wire.attr(IFLA_VF_VLAN, VF_VLAN.pack(vf, vlan, qos))
+    return nla.attr(IFLA_VF_VLAN, VF_VLAN.pack(vf, vlan, qos))
 
 
 def vf_vlan_list(vf: int, vlan: int, qos: int, proto: int) -> bytes:
     info = VF_VLAN_INFO.pack(vf, vlan, qos) + BE16.pack(proto)
     info += bytes(VF_VLAN_INFO_SIZE - len(info))
-    return wire.attr(IFLA_VF_VLAN_LIST, wire.attr(IFLA_VF_VLAN_INFO, info))
+    return nla.attr(IFLA_VF_VLAN_LIST, nla.attr(IFLA_VF_VLAN_INFO, info))
 
 
 def vf_tx_rate(vf: int, rate: int) -> bytes:
     """The legacy IFLA_VF_TX_RATE (a maximum only)."""
-    return wire.attr(IFLA_VF_TX_RATE, VF_U32.pack(vf, rate))
+    return nla.attr(IFLA_VF_TX_RATE, VF_U32.pack(vf, rate))
 
 
 def vf_rate(vf: int, min_tx_rate: int, max_tx_rate: int) -> bytes:
-    return wire.attr(IFLA_VF_RATE, VF_RATE.pack(vf, min_tx_rate, max_tx_rate))
+    return nla.attr(IFLA_VF_RATE, VF_RATE.pack(vf, min_tx_rate, max_tx_rate))
 
 
 def vf_spoofchk(vf: int, on: int) -> bytes:
-    return wire.attr(IFLA_VF_SPOOFCHK, VF_U32.pack(vf, on))
+    return nla.attr(IFLA_VF_SPOOFCHK, VF_U32.pack(vf, on))
 
 
 def vf_trust(vf: int, on: int) -> bytes:
-    return wire.attr(IFLA_VF_TRUST, VF_U32.pack(vf, on))
+    return nla.attr(IFLA_VF_TRUST, VF_U32.pack(vf, on))
 
 
 def vf_link_state(vf: int, state: int) -> bytes:
-    return wire.attr(IFLA_VF_LINK_STATE, VF_U32.pack(vf, state))
+    return nla.attr(IFLA_VF_LINK_STATE, VF_U32.pack(vf, state))
 
 
-def set_request(pf_index: int, *vf_attrs: bytes) -> wire.Request:
+def set_message(pf_index: int, *vf_attrs: bytes) -> nla.Message:
     """The RTM_SETLINK body for PF `pf_index` carrying `vf_attrs` (the attributes of one VF)."""
-    vflist = wire.nested(IFLA_VFINFO_LIST, wire.nested(IFLA_VF_INFO, *vf_attrs))
-    return wire.Request(links.IFINFOMSG.pack(0, 0, pf_index, 0, 0), vflist, links.decode)
+    vflist = nla.nested(IFLA_VFINFO_LIST, nla.nested(IFLA_VF_INFO, *vf_attrs))
+    return nla.Message(links.IFINFOMSG.pack(0, 0, pf_index, 0, 0), vflist, links.decode)
 
 
 def set_vf(nl: Netlink, pf_index: int, *vf_attrs: bytes, op: str) -> None:
-    nl.request(set_request(pf_index, *vf_attrs), RTM_SETLINK, 0, op)
+    nl.request(set_message(pf_index, *vf_attrs), RTM_SETLINK, 0, op)
 
 
 # ---- reading --------------------------------------------------------------------------------------
@@ -117,7 +117,7 @@ def set_vf(nl: Netlink, pf_index: int, *vf_attrs: bytes, op: str) -> None:
 
 def decode_info(payload: bytes) -> VfInfo | None:
     """One IFLA_VF_INFO; None without the IFLA_VF_MAC that names the VF (or when it is malformed)."""
-    a = wire.parse(payload)
+    a = nla.parse(payload)
     mac = a.get(IFLA_VF_MAC)
     if mac is None or len(mac) < VF_MAC.size:
         return None
@@ -126,7 +126,7 @@ def decode_info(payload: bytes) -> VfInfo | None:
     legacy = a.get(IFLA_VF_VLAN)
     if legacy is not None and len(legacy) >= VF_VLAN.size:
         _, vlan, qos = VF_VLAN.unpack_from(legacy)
-    for kind, item in wire.items(a.get(IFLA_VF_VLAN_LIST)):
+    for kind, item in nla.items(a.get(IFLA_VF_VLAN_LIST)):
         # the kernel sends one, 16 bytes; pyroute2 (0.9) encodes it without the 2 bytes of padding
         if kind == IFLA_VF_VLAN_INFO and len(item) >= VF_VLAN_INFO.size + BE16.size:
             _, vlan, qos = VF_VLAN_INFO.unpack_from(item)
@@ -134,7 +134,7 @@ def decode_info(payload: bytes) -> VfInfo | None:
             break
     rate = a.get(IFLA_VF_RATE)
     min_rate, max_rate = VF_RATE.unpack_from(rate)[1:] if rate and len(rate) >= VF_RATE.size else (0, 0)
-    return VfInfo(vf=vf, mac=wire.hwaddr(raw[:6]), vlan=vlan, qos=qos, proto=proto,
+    return VfInfo(vf=vf, mac=nla.hwaddr(raw[:6]), vlan=vlan, qos=qos, proto=proto,
                   tx_rate=_value(a.get(IFLA_VF_TX_RATE)) or 0, min_tx_rate=min_rate, max_tx_rate=max_rate,
                   spoofchk=_value(a.get(IFLA_VF_SPOOFCHK)), trust=_value(a.get(IFLA_VF_TRUST)),
                   link_state=_value(a.get(IFLA_VF_LINK_STATE)))
@@ -148,7 +148,7 @@ def _value(payload: bytes | None) -> int | None:
 def decode_list(payload: bytes | None) -> tuple[VfInfo, ...]:
     """The VFs of an IFLA_VFINFO_LIST, in the kernel's order."""
     out = []
-    for kind, item in wire.items(payload):
+    for kind, item in nla.items(payload):
         info = decode_info(item) if kind == IFLA_VF_INFO else None
         if info is not None:
             out.append(info)
@@ -157,8 +157,8 @@ def decode_list(payload: bytes | None) -> tuple[VfInfo, ...]:
 
 def decode(chunk: bytes) -> Pf:
     """An RTM_NEWLINK message (nlmsghdr included) as a Pf: the link and its VF list."""
-    a = wire.parse(chunk, wire.NLMSGHDR.size + links.IFINFOMSG.size)
-    return Pf(link=links.decode(chunk), num_vf=wire.uint(a.get(IFLA_NUM_VF)),
+    a = nla.parse(chunk, nla.NLMSGHDR.size + links.IFINFOMSG.size)
+    return Pf(link=links.decode(chunk), num_vf=nla.uint(a.get(IFLA_NUM_VF)),
               vfs=decode_list(a.get(IFLA_VFINFO_LIST)))
 
 

@@ -18,8 +18,8 @@ from cni.netlink.socket import EEXIST, Netlink, NetlinkError, opened
 from cni.plugins import common
 from cni.types import fields as f
 from cni.types.netconf import Request, requested_mac, require_prev_result
-from cni.types.record import field, record, replace
 from cni.types.result import DNS, Interface, Result
+from cni.types.valueclass import field, replace, valueclass
 from cni.undo import Undo
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
@@ -32,7 +32,7 @@ MAX_MTU = 65535  # no master has more; the real upper bound, the master's MTU, i
 MTU_RULE = f"must be between {MIN_MTU} and the master's MTU (0 or absent: the master's MTU)"
 
 
-@record
+@valueclass
 class MacvlanConf:
     master: str = ""
     mode: str = "bridge"

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cni.errors import KernelError
 
 if TYPE_CHECKING:
+    from cni.netlink.nla import Message
     from cni.netlink.vfinfo import VfInfo
-    from cni.netlink.wire import Request
 
 PROTOS = {"802.1q": 0x8100, "802.1ad": 0x88A8}
 PROTO_NAMES = {v: k for k, v in PROTOS.items()}
@@ -122,11 +122,11 @@ def attribute(vf: int, setting: Setting) -> bytes:
     return encode[setting.kind](vf, int(v[setting.kind]))
 
 
-def request(pf_index: int, vf: int, setting: Setting) -> Request:
-    """The RTM_SETLINK request that applies `setting` to VF `vf` of PF `pf_index`."""
+def message(pf_index: int, vf: int, setting: Setting) -> Message:
+    """The RTM_SETLINK message that applies `setting` to VF `vf` of PF `pf_index`."""
     from cni.netlink import vfinfo
 
-    return vfinfo.set_request(pf_index, attribute(vf, setting))
+    return vfinfo.set_message(pf_index, attribute(vf, setting))
 
 
 def _u32_flag(value: int | None) -> int:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from cni.errors import EnvError
-from cni.types.record import record
+from cni.types.valueclass import valueclass
 
 
-@record
+@valueclass
 class CniArgs:
     pairs: tuple[tuple[str, str], ...] = ()
 

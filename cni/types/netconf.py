@@ -7,15 +7,15 @@ from collections.abc import Mapping
 from cni.errors import ConfigError, EnvError
 from cni.types import fields as f
 from cni.types.args import CniArgs
-from cni.types.record import field, record
 from cni.types.result import DNS, Result, parse, parse_dns
+from cni.types.valueclass import field, valueclass
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     from typing import Any
 
 
-@record
+@valueclass
 class Request:
     """One CNI invocation. `conf` is the decoded stdin; `env` the full environment (for delegates)."""
 

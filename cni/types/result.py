@@ -5,14 +5,14 @@ from __future__ import annotations
 from cni import spec
 from cni.errors import ConfigError
 from cni.types import fields as f
-from cni.types.record import field, record, replace
+from cni.types.valueclass import field, replace, valueclass
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     from typing import Any
 
 
-@record
+@valueclass
 class Interface:
     name: str
     mac: str = ""
@@ -22,7 +22,7 @@ class Interface:
     pci_id: str = ""  # 1.1.0
 
 
-@record
+@valueclass
 class IPConfig:
     address: f.IPInterface
     gateway: f.IPAddress | None = None
@@ -33,7 +33,7 @@ class IPConfig:
         return self.address.version
 
 
-@record
+@valueclass
 class Route:
     dst: f.IPNetwork
     gw: f.IPAddress | None = None
@@ -44,7 +44,7 @@ class Route:
     scope: int | None = None
 
 
-@record
+@valueclass
 class DNS:
     nameservers: tuple[str, ...] = ()
     domain: str = ""
@@ -55,7 +55,7 @@ class DNS:
         return bool(self.nameservers or self.domain or self.search or self.options)
 
 
-@record
+@valueclass
 class Result:
     interfaces: tuple[Interface, ...] = ()
     ips: tuple[IPConfig, ...] = ()

@@ -62,7 +62,7 @@ from contextlib import AbstractContextManager
 from typing import NamedTuple, Protocol
 
 from cni.errors import CniError, Code, TryAgainError
-from cni.types.record import field, record
+from cni.types.valueclass import field, valueclass
 
 
 class Allocation(NamedTuple):
@@ -84,7 +84,7 @@ class Allocation(NamedTuple):
         return bool(self.podref) and self.podref == other.podref and self.ifname == other.ifname
 
 
-@record
+@valueclass
 class Pool:
     """A snapshot of one pool. `version` None: the pool is not stored yet (commit creates it)."""
 
@@ -94,7 +94,7 @@ class Pool:
     version: str | None = None
 
 
-@record
+@valueclass
 class PoolUpdate:
     """A change to a pool, computed from a snapshot: offsets to set (add or replace) and to remove."""
 
@@ -111,7 +111,7 @@ class PoolUpdate:
         return out
 
 
-@record
+@valueclass
 class Reservation:
     """Cluster-wide claim on one IP (overlapping ranges). `version` None: not stored yet."""
 

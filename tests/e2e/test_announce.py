@@ -1,4 +1,4 @@
-"""Neighbour announcements on the wire after an ADD through libcni, captured on the far end of the
+"""Neighbour announcements sent after an ADD through libcni, captured on the far end of the
 uplink. Both plugins set arp_notify before the link goes up, and the kernel then sends a gratuitous ARP
 for every IPv4 address on it. For IPv6, Debian's 1.1.1 announces nothing (no ndisc_notify; upstream
 added it in plugins#974); pycni sets ndisc_notify, so the kernel sends an unsolicited NA for every IPv6

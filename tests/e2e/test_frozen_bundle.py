@@ -63,7 +63,7 @@ def test_plugin_calls_speak_netlink_without_pyroute2(cni_bin: Path, tmp_path: Pa
                           input=conf, env=env, capture_output=True, check=False, timeout=60)
     assert proc.returncode == 1 and jsonio.loads(proc.stdout)["code"] == 50, (proc.stdout, proc.stderr)
     opened = [line for line in trace.read_text().splitlines() if "= -1" not in line]
-    assert any("cni/netlink/wire" in line for line in opened), "cni.netlink.wire not loaded"
+    assert any("cni/netlink/nla" in line for line in opened), "cni.netlink.nla not loaded"
     assert not any("pyroute2/" in line for line in opened), "pyroute2 loaded on a macvlan call"
 
 

@@ -1,5 +1,5 @@
 """Import cost is latency: a real macvlan ADD/DEL (host-local from /usr/lib/cni) under
-`python -X importtime` speaks netlink through cni.netlink.wire and loads no pyroute2 at all (only the
+`python -X importtime` speaks netlink through cni.netlink.nla and loads no pyroute2 at all (only the
 netlink tests use it, as their reference codec), nor asyncio or ssl; neither does VERSION. Runs from
 source (the frozen bundle has no -X)."""
 
@@ -24,7 +24,7 @@ def test_add_and_del_speak_netlink_without_pyroute2(topo: Topology, tmp_path: Pa
         prof = importprof.profile_call(topo.host, entry, {**env, "CNI_COMMAND": command}, conf)
         assert prof.rc == 0, prof.stdout
         assert len(prof.entries) > 50, "no -X importtime output parsed"
-        assert "cni.netlink.wire" in prof.names(), "netlink was not spoken?"
+        assert "cni.netlink.nla" in prof.names(), "netlink was not spoken?"
         assert prof.matching("pyroute2") == [], command
         assert not {"asyncio", "ssl", "logging", "dataclasses"} & prof.names(), command
     assert topo.link(pod, "net1") is None

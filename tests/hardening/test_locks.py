@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from cni.device.store import StateDir
+from cni.device.statedir import StateDir
 
 
 def test_lock_file_removed_on_release(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Who announces the addresses of an ADD, on the wire: cni.ifconfig on a veth end in a test namespace,
+"""Who announces the addresses of an ADD: cni.ifconfig on a veth end in a test namespace,
 frames captured on its peer. A link that was down before (every link a plugin creates or moves) is
 announced by the kernel at link-up (arp_notify/ndisc_notify); a link that was already up by our own
 packet socket. Either way, each address exactly once."""

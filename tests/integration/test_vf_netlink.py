@@ -56,12 +56,12 @@ def test_a_short_attribute_is_refused_before_the_driver(in_host: str) -> None:
     """Control for the test above: an IFLA_VF_MAC carrying only 8 bytes fails parsing, not the driver."""
     with opened(None) as nl:
         index = links.get(nl, in_host).index  # type: ignore[union-attr]
-        data = bytearray(vf.request(index, 0, Setting("spoofchk", (1,))).encode(0, 0, 0))
+        data = bytearray(vf.message(index, 0, Setting("spoofchk", (1,))).encode(0, 0, 0))
         inner = 16 + 16 + 4 + 4  # nlmsghdr, ifinfomsg, IFLA_VFINFO_LIST and IFLA_VF_INFO headers
         assert struct.unpack_from("=HH", data, inner) == (12, 4)  # IFLA_VF_SPOOFCHK, 8-byte payload
         struct.pack_into("=H", data, inner + 2, 1)  # relabel it IFLA_VF_MAC (needs 36 bytes)
         assert _send_raw(nl, data) in (errno.EINVAL, errno.ERANGE)  # the policy's minimum length
-        good = vf.request(index, 0, Setting("mac", ("02:11:22:33:44:55",))).encode(0, 0, 0)
+        good = vf.message(index, 0, Setting("mac", ("02:11:22:33:44:55",))).encode(0, 0, 0)
         assert _send_raw(nl, bytearray(good)) == errno.EOPNOTSUPP
 
 

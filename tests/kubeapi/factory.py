@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from cni.types import record
+from cni.types import valueclass
 from ipam import rbac
 from ipam.kubeapi import ApiError, Client, load_kubeconfig
 from ipam.store.base import Store
@@ -51,7 +51,7 @@ def unreachable_kubeconfig(tmp: Path) -> Path:
 def open_kube(kubeconfig: Path, role: str = rbac.NODE, namespace: str = "", page: int = PAGE) -> KubeStore:
     conf = load_kubeconfig(str(kubeconfig))
     if namespace:
-        conf = record.replace(conf, namespace=namespace)
+        conf = valueclass.replace(conf, namespace=namespace)
     return KubeStore(Client(conf), conf.namespace, role=role, page=page)
 
 

@@ -16,7 +16,7 @@ import pytest
 from cni import jsonio
 
 FULL_PYROUTE2 = ("pyroute2", "pyroute2.iproute", "pyroute2.ndb", "asyncio", "pyroute2.netlink.nlsocket")
-# Never on a macvlan call: dataclasses (and the inspect it imports) is replaced by cni.types.record;
+# Never on a macvlan call: dataclasses (and the inspect it imports) is replaced by cni.types.valueclass;
 # multiprocessing and platform came with pyroute2.config (pyroute2 is no longer a runtime dependency).
 # prometheus_client (and cni.exporter, its only importer) belong to the agent and the reconciler.
 PER_CALL_NEVER = ("dataclasses", "inspect", "multiprocessing", "platform", "pyroute2.config",
@@ -99,7 +99,7 @@ def add_in_private_netns(conf: dict[str, Any]) -> tuple[Any, list[str]]:
 def test_add_l2_speaks_netlink_without_pyroute2() -> None:
     out, mods = add_in_private_netns({"cniVersion": "1.1.0", "name": "n", "type": "macvlan", "master": "va"})
     assert out["interfaces"][0]["name"] == "eth1", out
-    assert "cni.netlink.wire" in mods  # netlink was spoken, without pyroute2
+    assert "cni.netlink.nla" in mods  # netlink was spoken, without pyroute2
     assert [m for m in mods if m.startswith("pyroute2")] == []
     for name in (*FULL_PYROUTE2, *PER_CALL_NEVER):
         assert name not in mods
@@ -119,7 +119,7 @@ def test_add_with_ipam_speaks_netlink_without_pyroute2(tmp_path: Path) -> None:
     conf = {"cniVersion": "1.0.0", "name": "n", "type": "macvlan", "master": "va", "dad": "off", "ipam": ipam}
     out, mods = add_in_private_netns(conf)
     assert [ip["address"].split("/")[1] for ip in out["ips"]] == ["24", "64"], out
-    assert "cni.netlink.wire" in mods and "cni.netlink.routes" in mods and "cni.netlink.addrs" in mods
+    assert "cni.netlink.nla" in mods and "cni.netlink.routes" in mods and "cni.netlink.addrs" in mods
     assert [m for m in mods if m.startswith("pyroute2")] == []
     for name in (*FULL_PYROUTE2, *PER_CALL_NEVER, "logging"):
         assert name not in mods

@@ -10,8 +10,8 @@ import pytest
 
 from cni import jsonio
 from cni.errors import ConfigError
-from cni.types.record import replace
 from cni.types.result import Result, parse, to_wire
+from cni.types.valueclass import replace
 from tests.unit import models
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cni.netlink import links, vfinfo, wire
+from cni.netlink import links, nla, vfinfo
 from cni.sriov import vf
 from cni.sriov.vf import Setting, VfState
 from tests.netlinkref import decoded, encode, ifinfmsg
@@ -60,7 +60,7 @@ def nlas(buf: bytes) -> list[tuple[int, bytes]]:
 
 
 def ours(setting: Setting, pf_index: int = 7, vf_index: int = 3) -> bytes:
-    return vf.request(pf_index, vf_index, setting).encode(RTM_SETLINK, FLAGS, SEQ)
+    return vf.message(pf_index, vf_index, setting).encode(RTM_SETLINK, FLAGS, SEQ)
 
 
 def pyroute2_value(setting: Setting, vf_index: int) -> dict[str, Any]:
@@ -137,13 +137,13 @@ def test_bytes_equal_pyroute2s_encoding(setting: Setting) -> None:
     (vfinfo.vf_tx_rate(2, 1000), "IFLA_VF_TX_RATE", {"vf": 2, "tx_rate": 1000}),
 ], ids=["vlan-legacy", "tx-rate-legacy"])
 def test_legacy_attributes_equal_pyroute2s(attr: bytes, name: str, value: dict[str, Any]) -> None:
-    got = vfinfo.set_request(5, attr).encode(RTM_SETLINK, FLAGS, SEQ)
+    got = vfinfo.set_message(5, attr).encode(RTM_SETLINK, FLAGS, SEQ)
     assert got == theirs(5, (name, value))
 
 
 def test_several_settings_in_one_vf_info_equal_pyroute2s() -> None:
     attrs = (vfinfo.vf_mac(1, "02:00:00:00:00:07"), vfinfo.vf_spoofchk(1, 0), vfinfo.vf_trust(1, 1))
-    got = vfinfo.set_request(4, *attrs).encode(RTM_SETLINK, FLAGS, SEQ)
+    got = vfinfo.set_message(4, *attrs).encode(RTM_SETLINK, FLAGS, SEQ)
     assert got == theirs(4, ("IFLA_VF_MAC", {"vf": 1, "mac": "02:00:00:00:00:07"}),
                          ("IFLA_VF_SPOOFCHK", {"vf": 1, "spoofchk": 0}),
                          ("IFLA_VF_TRUST", {"vf": 1, "trust": 1}))
@@ -167,8 +167,8 @@ def test_pyroute2_decodes_what_we_encode(setting: Setting) -> None:
 @ids
 def test_we_decode_what_we_encode(setting: Setting) -> None:
     """The VF list of a request read back by our decoder (the kernel's 16-byte vlan info included)."""
-    a = wire.parse(ours(setting, 9, 1), NLMSG_HDR + IFINFOMSG)
-    [(kind, vf_info)] = wire.items(a[IFLA_VFINFO_LIST])
+    a = nla.parse(ours(setting, 9, 1), NLMSG_HDR + IFINFOMSG)
+    [(kind, vf_info)] = nla.items(a[IFLA_VFINFO_LIST])
     assert kind == IFLA_VF_INFO
     # alone, any setting but the MAC lacks the IFLA_VF_MAC that names the VF: read it with one in front
     mac = b"" if setting.kind == "mac" else vfinfo.vf_mac(1, "02:00:00:00:00:01")
@@ -238,13 +238,13 @@ def test_a_link_without_vfs_has_an_empty_table() -> None:
 
 
 def test_malformed_vf_attributes_are_skipped_not_misread() -> None:
-    short_mac = wire.attr(vfinfo.IFLA_VF_MAC, struct.pack("=I6s", 0, b"\2\0\0\0\0\1"))  # 10 of 36 bytes
-    no_mac = wire.nested(IFLA_VF_INFO, vfinfo.vf_trust(1, 1))
-    good = wire.nested(IFLA_VF_INFO, vfinfo.vf_mac(2, "02:00:00:00:00:02"),
-                       wire.attr(vfinfo.IFLA_VF_RATE, b"\2\0\0\0"),  # short: rates stay 0
-                       wire.attr(vfinfo.IFLA_VF_VLAN_LIST, wire.attr(IFLA_VF_VLAN_INFO, bytes(8))),
+    short_mac = nla.attr(vfinfo.IFLA_VF_MAC, struct.pack("=I6s", 0, b"\2\0\0\0\0\1"))  # 10 of 36 bytes
+    no_mac = nla.nested(IFLA_VF_INFO, vfinfo.vf_trust(1, 1))
+    good = nla.nested(IFLA_VF_INFO, vfinfo.vf_mac(2, "02:00:00:00:00:02"),
+                       nla.attr(vfinfo.IFLA_VF_RATE, b"\2\0\0\0"),  # short: rates stay 0
+                       nla.attr(vfinfo.IFLA_VF_VLAN_LIST, nla.attr(IFLA_VF_VLAN_INFO, bytes(8))),
                        vfinfo.vf_spoofchk(2, 1)[:6])  # truncated: the walk ends there
-    vfs = vfinfo.decode_list(wire.nested(IFLA_VF_INFO, short_mac) + no_mac + good + b"\x01")
+    vfs = vfinfo.decode_list(nla.nested(IFLA_VF_INFO, short_mac) + no_mac + good + b"\x01")
     assert vfs == (vfinfo.VfInfo(vf=2, mac="02:00:00:00:00:02"),)
     assert vf.state(vfs[0]) == VfState(mac="02:00:00:00:00:02")
 

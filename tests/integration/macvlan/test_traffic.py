@@ -1,4 +1,4 @@
-"""Frames on the wire: two pods on one master reach each other, and every address is announced
+"""Frames between pods: two pods on one master reach each other, and every address is announced
 exactly once (gratuitous ARP / unsolicited neighbour advertisement) when ADD configures it."""
 
 from __future__ import annotations

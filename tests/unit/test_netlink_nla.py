@@ -1,4 +1,4 @@
-"""cni.netlink.wire against pyroute2 (a test dependency, the reference here: tests/netlinkref.py): every
+"""cni.netlink.nla against pyroute2 (a test dependency, the reference here: tests/netlinkref.py): every
 request links/addrs/routes build is byte for byte what the same message encoded by pyroute2 is, and
 replies encoded by pyroute2 decode to the same records as pyroute2's own decoding gives."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cni.netlink import addrs, links, routes, wire
+from cni.netlink import addrs, links, nla, routes
 from tests.netlinkref import encode, ifaddrmsg, ifinfmsg, rtmsg
 
 SEQ, FLAGS = 7, 0x405
@@ -22,7 +22,7 @@ class Recorder:
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, int]] = []
 
-    def request(self, msg: wire.Request, msg_type: int, flags: int, op: str) -> list[Any]:
+    def request(self, msg: nla.Message, msg_type: int, flags: int, op: str) -> list[Any]:
         self.sent.append((msg.encode(msg_type, FLAGS, SEQ), msg_type))
         return []
 
@@ -149,7 +149,7 @@ def reply(msg: Any, msg_type: int, *raw: bytes) -> bytes:
     """`msg` encoded by pyroute2, plus attributes given as raw bytes (what the kernel sends for types
     pyroute2 cannot encode from a value, such as IFLA_PERM_ADDRESS)."""
     data = theirs(msg, msg_type) + b"".join(raw)
-    return wire.NLMSGHDR.pack(len(data), *wire.NLMSGHDR.unpack_from(data)[1:]) + data[wire.NLMSGHDR.size:]
+    return nla.NLMSGHDR.pack(len(data), *nla.NLMSGHDR.unpack_from(data)[1:]) + data[nla.NLMSGHDR.size:]
 
 
 def test_decode_a_link_like_pyroute2() -> None:
@@ -162,7 +162,7 @@ def test_decode_a_link_like_pyroute2() -> None:
         ("IFLA_LINKINFO", {"attrs": [("IFLA_INFO_KIND", "macvlan"), ("IFLA_INFO_DATA", {"attrs": [
             ("IFLA_MACVLAN_MODE", 2), ("IFLA_MACVLAN_BC_QUEUE_LEN", 300)]})]}),
     ]
-    chunk = reply(link_msg(11, attrs, flags=1), links.RTM_NEWLINK, wire.mac(54, "02:00:00:00:00:09"))
+    chunk = reply(link_msg(11, attrs, flags=1), links.RTM_NEWLINK, nla.mac(54, "02:00:00:00:00:09"))
     assert links.decode(chunk) == links.Link(
         index=11, name="pt0mv", kind="macvlan", mac="02:11:22:33:44:55", mtu=9000, up=True,
         operstate="LOWERLAYERDOWN", parent=4, link_netnsid=3, alias="pycni", macvlan_mode="vepa",
@@ -193,12 +193,12 @@ def test_decode_addresses_and_routes() -> None:
     assert routes._decode(reply(r, routes.RTM_NEWROUTE)) == routes.KRoute(
         ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_address("198.51.100.1"), 4, 1000, 5, 0)
     bridge = routes.RTMSG.pack(socket.AF_BRIDGE, 0, 0, 0, 254, 0, 0, 1, 0)
-    assert routes._decode(wire.Request(bridge, b"", bytes).encode(routes.RTM_NEWROUTE, 0, 1)) is None
+    assert routes._decode(nla.Message(bridge, b"", bytes).encode(routes.RTM_NEWROUTE, 0, 1)) is None
 
 
 def test_attributes_are_padded_and_truncation_is_harmless() -> None:
-    assert wire.asciiz(3, "ab") == b"\x07\x00\x03\x00ab\x00\x00"
-    assert wire.parse(wire.u32(4, 9) + wire.asciiz(3, "ab")) == {4: b"\t\0\0\0", 3: b"ab\0"}
-    assert wire.parse(wire.u32(4, 9)[:6]) == {}  # a truncated attribute ends the list
-    assert wire.parse(b"\x02\x00\x01\x00") == {}  # a length below the header ends it too
-    assert wire.uint(b"\x01\x02\x03") is None and wire.address(b"\x01") is None
+    assert nla.asciiz(3, "ab") == b"\x07\x00\x03\x00ab\x00\x00"
+    assert nla.parse(nla.u32(4, 9) + nla.asciiz(3, "ab")) == {4: b"\t\0\0\0", 3: b"ab\0"}
+    assert nla.parse(nla.u32(4, 9)[:6]) == {}  # a truncated attribute ends the list
+    assert nla.parse(b"\x02\x00\x01\x00") == {}  # a length below the header ends it too
+    assert nla.uint(b"\x01\x02\x03") is None and nla.address(b"\x01") is None

@@ -1,4 +1,4 @@
-"""cni.types.record: the dataclass stand-in of the per-call path behaves like a frozen dataclass."""
+"""cni.types.valueclass: the dataclass stand-in of the per-call path behaves like a frozen dataclass."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from dataclasses import field as dc_field
 
 import pytest
 
-from cni.types.record import FrozenInstanceError, field, fields, record, replace
+from cni.types.valueclass import FrozenInstanceError, field, fields, replace, valueclass
 
 
-@record
+@valueclass
 class Point:
     x: int
     y: int = 0
@@ -20,7 +20,7 @@ class Point:
     extra: dict[str, int] = field(default_factory=dict)
 
 
-@record
+@valueclass
 class Pair:
     a: int
     b: str = ""
@@ -93,21 +93,21 @@ def test_replace_fields_copy_and_match() -> None:
 
 def test_a_field_without_default_after_one_with_is_refused() -> None:
     with pytest.raises(TypeError, match="without a default"):
-        @record
+        @valueclass
         class Bad:
             a: int = 0
             b: int  # type: ignore[misc]
 
 
 
-@record
+@valueclass
 class Secretive:
     user: str
     password: str = field(default="", repr=False)
     clock: object = field(default=None, compare=False)
 
 
-@record(frozen=False)
+@valueclass(frozen=False)
 class Counter:
     seen: set[int] = field(default_factory=set)
     n: int = 0
@@ -121,7 +121,7 @@ def test_repr_false_and_compare_false_like_dataclass_fields() -> None:
     assert s != Secretive("u", "other")
 
 
-def test_a_mutable_record_can_change_and_is_unhashable() -> None:
+def test_a_mutable_value_class_can_change_and_is_unhashable() -> None:
     c = Counter()
     c.n += 1
     c.seen.add(3)
@@ -134,7 +134,7 @@ def test_class_variables_are_no_fields() -> None:
     import typing
     from typing import Any, ClassVar
 
-    @record
+    @valueclass
     class WithClassVars:
         kind: ClassVar[str] = "k"
         other: typing.ClassVar[int] = 1

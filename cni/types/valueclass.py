@@ -2,14 +2,14 @@
 
 Every plugin call is a fresh process, and `dataclasses` costs it twice: importing it imports `inspect`
 (with ast, dis, tokenize, linecache), and each decorated class compiles six generated methods (11
-classes on a macvlan ADD). `record` makes the same kind of class (keyword or positional __init__ with
-defaults, field(default_factory=...), __eq__, __hash__, __repr__, immutability, __match_args__) with one
+classes on a macvlan ADD). `valueclass` makes the same kind of class (keyword or positional __init__
+with defaults, field(default_factory=...), __eq__, __hash__, __repr__, immutability, __match_args__) with one
 small compiled __init__ and shared methods, a fraction of the cost (figures: bundler/README.md).
 Type checkers see it as a dataclass (PEP 681 dataclass_transform).
 
-Only what the per-call classes use is supported: no inheritance between records, no ordering, no
+Only what the per-call classes use is supported: no inheritance between value classes, no ordering, no
 kw_only, no InitVar/ClassVar. The rest of the code base (the IPAM, the device plugins) keeps using
-`dataclasses`; `replace` here works on records only."""
+`dataclasses`; `replace` here works on value classes only."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ else:
 
 
 class FrozenInstanceError(AttributeError):
-    """Assigning to a field of a record."""
+    """Assigning to a field of a frozen value class instance."""
 
 
 _MISSING = object()
@@ -49,18 +49,18 @@ def field(*, default: Any = _MISSING, default_factory: Callable[[], Any] | None 
 
 
 def _repr(self: Any) -> str:
-    body = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__record_repr__)
+    body = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__valueclass_repr__)
     return f"{type(self).__qualname__}({body})"
 
 
 def _eq(self: Any, other: Any) -> bool:
     if other.__class__ is not self.__class__:
         return NotImplemented  # type: ignore[no-any-return]
-    return all(getattr(self, n) == getattr(other, n) for n in self.__record_compare__)
+    return all(getattr(self, n) == getattr(other, n) for n in self.__valueclass_compare__)
 
 
 def _hash(self: Any) -> int:
-    return hash(tuple(getattr(self, n) for n in self.__record_compare__))
+    return hash(tuple(getattr(self, n) for n in self.__valueclass_compare__))
 
 
 def _frozen_setattr(self: Any, name: str, value: object) -> None:
@@ -97,9 +97,9 @@ def _make_init(cls: type, names: list[str], defaults: dict[str, _Field]) -> None
 
 
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
-def record[T](cls: type[T] | None = None, /, *, frozen: bool = True) -> Any:
+def valueclass[T](cls: type[T] | None = None, /, *, frozen: bool = True) -> Any:
     """Make `cls` (fields declared by annotation, as for a dataclass) a frozen value class;
-    `@record(frozen=False)` a mutable one (and, like a mutable dataclass, an unhashable one)."""
+    `@valueclass(frozen=False)` a mutable one (and, like a mutable dataclass, an unhashable one)."""
     if cls is None:
         return lambda c: _make(c, frozen)
     return _make(cls, frozen)
@@ -121,9 +121,9 @@ def _make[T](cls: type[T], frozen: bool) -> type[T]:
             raise TypeError(f"{cls.__qualname__}: field {n!r} without a default follows one with a default")
     _make_init(cls, names, defaults)
     ns: Any = cls
-    ns.__record_fields__ = tuple(names)
-    ns.__record_repr__ = tuple(n for n in names if n not in defaults or defaults[n].repr)
-    ns.__record_compare__ = tuple(n for n in names if n not in defaults or defaults[n].compare)
+    ns.__valueclass_fields__ = tuple(names)
+    ns.__valueclass_repr__ = tuple(n for n in names if n not in defaults or defaults[n].repr)
+    ns.__valueclass_compare__ = tuple(n for n in names if n not in defaults or defaults[n].compare)
     ns.__match_args__ = tuple(names)  # type: ignore[misc]
     ns.__repr__ = _repr
     ns.__eq__ = _eq
@@ -137,8 +137,8 @@ def _make[T](cls: type[T], frozen: bool) -> type[T]:
 
 
 def replace[T](obj: T, **changes: Any) -> T:
-    """A copy of record `obj` with some fields changed (dataclasses.replace for records)."""
-    names: tuple[str, ...] = type(obj).__record_fields__  # type: ignore[attr-defined]
+    """A copy of `obj` (a value class instance) with some fields changed (dataclasses.replace)."""
+    names: tuple[str, ...] = type(obj).__valueclass_fields__  # type: ignore[attr-defined]
     unknown = set(changes) - set(names)
     if unknown:
         raise TypeError(f"{type(obj).__qualname__} has no field {sorted(unknown)[0]!r}")
@@ -146,6 +146,6 @@ def replace[T](obj: T, **changes: Any) -> T:
 
 
 def fields(obj: object) -> tuple[str, ...]:
-    """The field names of a record (class or instance), in declaration order."""
+    """The field names of a value class (class or instance), in declaration order."""
     cls = obj if isinstance(obj, type) else type(obj)
-    return tuple(cls.__record_fields__)  # type: ignore[attr-defined]
+    return tuple(cls.__valueclass_fields__)  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cni.device.records import Attachment, Netdev, Records, netns_id, owner_alive, same_attachment
-from cni.device.store import StateDir
+from cni.device.statedir import StateDir
 from cni.errors import CniError
 
 

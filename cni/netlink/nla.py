@@ -1,9 +1,10 @@
-"""The netlink attribute format (TLV) for the rtnetlink messages pycni sends and reads: links,
-addresses, routes and SR-IOV VF lists (cni.netlink.links, addrs, routes, vfinfo), built and read here.
+"""Netlink attributes (the kernel's nla: type-length-value) and the message they travel in, for the
+rtnetlink messages pycni sends and reads: links, addresses, routes and SR-IOV VF lists
+(cni.netlink.links, addrs, routes, vfinfo), built and read here.
 
 pyroute2's message classes cost a frozen plugin call 15-20 ms to import (pyroute2.netlink, logging and
 traceback, fifteen ifinfmsg link-kind plugin modules) for the twenty-odd attributes pycni writes and
-reads. pyroute2 is a test dependency only, the reference of tests/unit/test_netlink_wire.py and
+reads. pyroute2 is a test dependency only, the reference of tests/unit/test_netlink_nla.py and
 tests/unit/test_vf_encoding.py: every request built with these modules is compared byte for byte with
 pyroute2's encoding of the same message, and replies encoded by pyroute2 are decoded both ways."""
 
@@ -56,9 +57,9 @@ def nested(kind: int, *attrs: bytes, flags: int = 0) -> bytes:
     return attr(kind | flags, b"".join(attrs))
 
 
-class Request:
-    """One request: the family header (ifinfomsg, ifaddrmsg, rtmsg) and its attributes, and how to
-    decode each reply (a whole message, nlmsghdr included)."""
+class Message:
+    """One message to send: the family header (ifinfomsg, ifaddrmsg, rtmsg) and its attributes, and how
+    to decode each reply (a whole message, nlmsghdr included)."""
 
     __slots__ = ("attrs", "decode", "header")
 
