@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 import ssl
-import tempfile
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -200,6 +198,8 @@ class Client:
             return path
         if not data:
             return None
+        import tempfile  # only for inline client certificates: not on a token's path
+
         if not self._tmp:
             self._tmp = tempfile.mkdtemp(prefix="pycni-kube-")
         fd, name = tempfile.mkstemp(dir=self._tmp)
@@ -274,6 +274,8 @@ class Client:
     def close(self) -> None:
         self.http.close()
         if self._tmp:
+            import shutil
+
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = ""
 
