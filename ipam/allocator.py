@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from cni import log
 from cni.errors import ExhaustedError
 from cni.types.valueclass import valueclass
+from ipam.model import Allocation, Pool, PoolUpdate, PoolView, Segment
 from ipam.ranges import IPRange
-from ipam.store.base import Allocation, Pool, PoolUpdate, PoolView, Segment
 
 
 @valueclass

@@ -18,8 +18,8 @@ from collections.abc import Callable, Hashable, Sequence, Set
 
 from cni import metrics
 from cni.types.valueclass import field, valueclass
+from ipam.model import Allocation, PoolUpdate, PoolView, Segment
 from ipam.ranges import IPRange
-from ipam.store.base import Allocation, PoolUpdate, PoolView, Segment
 
 MAX_BATCH = 128  # operations in one pool write (bounds a write's size and its retry cost)
 PACE = 1.0  # the agent's combiners: wait as long as the previous write took before the next (Combiner)

@@ -25,7 +25,8 @@ from typing import Any, TextIO
 from cni import jsonio, metrics
 from cni.errors import CniError, ConfigError
 from ipam import config
-from ipam.store.base import Pool, PoolUpdate, Store
+from ipam.model import Pool, PoolUpdate
+from ipam.store.base import Store
 from ipam.store.names import pool_name, reservation_name
 
 BAR = 20

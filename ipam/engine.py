@@ -22,19 +22,11 @@ from ipam import allocator, batch, nodelock, nodequeue
 from ipam.allocator import SnapshotView
 from ipam.batch import BatchView, Claims, Op
 from ipam.config import IpamConfig
+from ipam.model import Allocation, Pool, PoolUpdate, PoolView, Reservation
 from ipam.ranges import IPRange
 from ipam.reservations import Reservations, reserved_for
 from ipam.retry import Again, Retry, retrying
-from ipam.store.base import (
-    Allocation,
-    Conflict,
-    Pool,
-    PoolUpdate,
-    PoolView,
-    Reservation,
-    Store,
-    StoreUnavailable,
-)
+from ipam.store.base import Conflict, Store, StoreUnavailable
 from ipam.store.names import pool_name
 
 SPREAD_MAX = 32  # after lost races, pick among at most this many of the lowest free addresses

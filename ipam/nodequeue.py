@@ -28,8 +28,8 @@ from typing import Any
 from cni import jsonio, log
 from cni.errors import CniError
 from ipam.batch import Claims, Op
+from ipam.model import Allocation
 from ipam.ranges import IPRange
-from ipam.store.base import Allocation
 
 SUFFIX, OUTCOME = ".req", ".out"
 

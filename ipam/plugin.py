@@ -14,8 +14,8 @@ from cni.types.result import IPConfig, Result
 from ipam import config
 from ipam.config import IpamConfig
 from ipam.engine import Engine
+from ipam.model import Allocation
 from ipam.ranges import IPRange
-from ipam.store.base import Allocation
 
 
 def load(req: Request) -> IpamConfig:

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 
 from cni import log, metrics
 from cni.errors import CniError
+from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.podsource import PodInfo, PodSource, PodSourceError
 from ipam.ranges import usable_bounds
-from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, Store
+from ipam.store.base import Conflict, Store
 from ipam.store.names import network_name_of, reservation_address
 
 CACHE = 4096

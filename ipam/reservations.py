@@ -16,9 +16,10 @@ from cni.errors import CniError
 from ipam import allocator
 from ipam.batch import Claims, Op
 from ipam.config import IpamConfig
+from ipam.model import Allocation, Reservation
 from ipam.ranges import IPRange
 from ipam.retry import Again, Retry, retrying
-from ipam.store.base import Allocation, Conflict, Reservation, Store
+from ipam.store.base import Conflict, Store
 from ipam.store.names import reservation_address, reservation_name
 
 

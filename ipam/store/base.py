@@ -1,16 +1,6 @@
 """The store protocol: what every IPAM store (local SQLite, Kubernetes CRDs, etcd, memory) implements.
 
-The data model is the whereabouts CRD model, 1:1, so the Kubernetes store is a drop-in:
-
-- one `Pool` per range (CRD `IPPool`): `name` (see ipam.store.names), `range` (canonical CIDR, the
-  CRD's `spec.range`) and `allocations`, keyed by the **decimal offset from the range's network
-  address as a string** (the CRD's `spec.allocations` keys), each an `Allocation`;
-- one `Reservation` per IP (CRD `OverlappingRangeIPReservation`) when enable_overlapping_ranges is on.
-
-`Allocation.container_id/podref/ifname` are the CRD fields `id/podref/ifname`. `pod_uid`, `network` and
-`node` have no place in the CRD schema (unknown fields are pruned); the Kubernetes store keeps them in
-annotations (ipam.store.crd: the pool's `pycni.io/owners-v2`, the reservation's `pycni.io/*`). Objects
-written by upstream whereabouts simply lack them ("" here), and every consumer must cope with that.
+The data model (`Pool`, `Allocation`, `Reservation`, `PoolUpdate`, `PoolView`) is ipam.model.
 
 Concurrency: compare-and-swap on an opaque per-object `version` (resourceVersion, etcd mod_revision, a
 SQLite row version) is the only mechanism. A write names the version it was computed from; a store
@@ -57,95 +47,12 @@ CRD objects."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence, Set
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from cni.errors import CniError, Code, TryAgainError
-from cni.types.valueclass import field, valueclass
-
-
-class Allocation(NamedTuple):
-    """Who holds an address. A NamedTuple (not a dataclass): pools of 100,000 are built from rows."""
-
-    container_id: str  # CRD: id
-    podref: str  # CRD: podref, "namespace/name" ("" when the runtime gave no pod)
-    ifname: str  # CRD: ifname
-    pod_uid: str = ""  # pycni: K8S_POD_UID when the runtime passed it
-    network: str = ""  # pycni: the CNI network name (conf "name"); GC only touches its own network
-    node: str = ""  # pycni: the node that allocated it; GC of a cluster store only touches its node
-
-    def same_attachment(self, other: Allocation) -> bool:
-        """The CNI identity: (container id, ifname)."""
-        return self.container_id == other.container_id and self.ifname == other.ifname
-
-    def same_pod_interface(self, other: Allocation) -> bool:
-        """Same pod and interface (a kubelet re-ADD with a new sandbox); needs a pod reference."""
-        return bool(self.podref) and self.podref == other.podref and self.ifname == other.ifname
-
-
-@valueclass
-class Pool:
-    """A snapshot of one pool. `version` None: the pool is not stored yet (commit creates it)."""
-
-    name: str
-    range: str
-    allocations: Mapping[str, Allocation] = field(default_factory=dict)
-    version: str | None = None
-
-
-@valueclass
-class PoolUpdate:
-    """A change to a pool, computed from a snapshot: offsets to set (add or replace) and to remove."""
-
-    put: Mapping[str, Allocation] = field(default_factory=dict)
-    remove: frozenset[str] = frozenset()
-
-    def __bool__(self) -> bool:
-        return bool(self.put or self.remove)
-
-    def apply(self, allocations: Mapping[str, Allocation]) -> dict[str, Allocation]:
-        """The allocations after this update (for stores that write whole objects)."""
-        out = {k: v for k, v in allocations.items() if k not in self.remove}
-        out.update(self.put)
-        return out
-
-
-@valueclass
-class Reservation:
-    """Cluster-wide claim on one IP (overlapping ranges). `version` None: not stored yet."""
-
-    name: str
-    owner: Allocation
-    version: str | None = None
-
-
-Segment = tuple[int, int]  # inclusive offsets
-
-
-class PoolView(Protocol):
-    """What allocation asks of one pool; answered from a snapshot or by the store directly."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def range(self) -> str: ...
-
-    @property
-    def version(self) -> str | None: ...
-
-    def count(self) -> int:
-        """How many allocations the pool holds."""
-        ...
-
-    def owned(self, owner: Allocation, by_pod: bool = False) -> list[tuple[str, Allocation]]:
-        """Allocations of the same attachment (by_pod: of the same pod and ifname, any container)."""
-        ...
-
-    def lowest_free(self, segments: Sequence[Segment], blocked: Set[int]) -> int | None:
-        """The lowest offset in `segments` (ascending) that is neither allocated nor in `blocked`."""
-        ...
+from ipam.model import Pool, PoolUpdate, PoolView, Reservation
 
 
 class StoreUnavailable(TryAgainError):

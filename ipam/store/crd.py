@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cni import jsonio
-from ipam.store.base import Allocation, Pool, Reservation
+from ipam.model import Allocation, Pool, Reservation
 
 GROUP = "whereabouts.cni.cncf.io"
 API_VERSION = f"{GROUP}/v1alpha1"

@@ -22,8 +22,9 @@ from typing import Any
 
 from cni import jsonio
 from ipam.config import StoreConfig
+from ipam.model import Pool, PoolUpdate, Reservation
 from ipam.store import crd
-from ipam.store.base import Conflict, Pool, PoolUpdate, Reservation, Store, StoreUnavailable
+from ipam.store.base import Conflict, Store, StoreUnavailable
 from ipam.store.etcdgw import (
     Gateway,
     Rejected,

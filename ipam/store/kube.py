@@ -28,17 +28,9 @@ from cni.errors import CniError, Code
 from ipam import kubeapi, rbac
 from ipam.config import StoreConfig
 from ipam.kubeapi import ApiError, Busy, Client, Unreachable
+from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.store import crd
-from ipam.store.base import (
-    Allocation,
-    Conflict,
-    Pool,
-    PoolUpdate,
-    Reservation,
-    Store,
-    StoreBusy,
-    StoreUnavailable,
-)
+from ipam.store.base import Conflict, Store, StoreBusy, StoreUnavailable
 
 VERSION = "v1alpha1"
 POOLS, RESERVATIONS = "ippools", "overlappingrangeipreservations"

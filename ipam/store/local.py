@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from ipam.config import StoreConfig
-from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, Store, StoreUnavailable
+from ipam.model import Allocation, Pool, PoolUpdate, Reservation
+from ipam.store.base import Conflict, Store, StoreUnavailable
 from ipam.store.localview import LocalView, num_of
 
 SCHEMA_VERSION = 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence, Set
 
-from ipam.store.base import Allocation, Segment
+from ipam.model import Allocation, Segment
 
 OWNER = "container_id, podref, ifname, pod_uid, network, node"
 

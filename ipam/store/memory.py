@@ -9,7 +9,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, Store, StoreUnavailable
+from ipam.model import Allocation, Pool, PoolUpdate, Reservation
+from ipam.store.base import Conflict, Store, StoreUnavailable
 
 PAGE = 50  # pools per page while iterating: small, so tests exercise paging
 

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from cni import jsonio, skel
-from ipam.store.base import Allocation, Pool, PoolUpdate, Store
+from ipam.model import Allocation, Pool, PoolUpdate
+from ipam.store.base import Store
 from ipam.store.local import LocalStore
 from tests.nsutil import REPO
 

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ipam import kubeapi
+from ipam.model import Allocation, Pool
 from ipam.store import crd
-from ipam.store.base import Allocation, Pool
 from tests import kubeup
 
 ENTRY = {"id": "f" * 64, "podref": "bench/pod", "ifname": "net1"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ipam.store.base import Allocation, Pool, PoolUpdate, Reservation
+from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.store.memory import MemoryStore
 from tests.concurrency.harness import base_conf, check
 

@@ -18,8 +18,9 @@ from cni import jsonio
 from cni.errors import Code
 from ipam.config import from_dict, store_config
 from ipam.engine import Engine
+from ipam.model import Allocation, Reservation
 from ipam.reconciler import Reconciler
-from ipam.store.base import Allocation, Reservation, StoreUnavailable
+from ipam.store.base import StoreUnavailable
 from ipam.store.etcd import EtcdStore, open_store
 from ipam.store.etcdgw import Gateway, parse_endpoints
 from tests import etcdutil

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from cni.errors import Code
-from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation, Store, StoreUnavailable
+from ipam.model import Allocation, Pool, PoolUpdate, Reservation
+from ipam.store.base import Conflict, Store, StoreUnavailable
 from tests.contract.factories import Factory
 
 CID = "3f" * 32  # a 64-hex container id, as runtimes make them

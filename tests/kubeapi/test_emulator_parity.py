@@ -16,8 +16,8 @@ from urllib.parse import urlencode
 
 import pytest
 
+from ipam.model import Allocation, Pool
 from ipam.store import crd
-from ipam.store.base import Allocation, Pool
 from tests.kubeapi.emulator import SA_NAMESPACE, TOKENS, Emulator
 from tests.kubeup import NODE_SA, RECONCILER_SA, ApiFailure, Tenant
 

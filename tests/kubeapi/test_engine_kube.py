@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ipam.config import from_dict
 from ipam.engine import Engine
-from ipam.store.base import Allocation, PoolUpdate, Reservation
+from ipam.model import Allocation, PoolUpdate, Reservation
 from tests.kubeapi.factory import counting_store, open_kube
 from tests.kubeup import Tenant
 

@@ -12,7 +12,7 @@ import yaml
 
 from bundler import hostconf
 from ipam import rbac
-from ipam.store.base import Pool, PoolUpdate
+from ipam.model import Pool, PoolUpdate
 from tests.kubeapi.emulator import MANIFESTS
 from tests.kubeapi.factory import open_kube
 from tests.kubeup import NODE_SA, RECONCILER_SA, Tenant

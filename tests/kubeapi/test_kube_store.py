@@ -17,16 +17,9 @@ import pytest
 from cni.errors import Code, ConfigError
 from ipam import kubeapi, rbac
 from ipam.kubeapi import ApiError, Client, load_kubeconfig
+from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.store import crd, kube
-from ipam.store.base import (
-    Allocation,
-    Conflict,
-    Pool,
-    PoolUpdate,
-    Reservation,
-    StoreBusy,
-    StoreUnavailable,
-)
+from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
 from ipam.store.kube import KubeStore
 from tests.kubeapi.emulator import Emulator
 from tests.kubeapi.factory import counting_store, open_kube

@@ -26,10 +26,11 @@ from cni.exporter import AGENT, EXPORTERS, RECONCILER, Exporter
 from ipam.batch import Combiner, Op
 from ipam.config import from_dict
 from ipam.engine import Engine
+from ipam.model import Allocation, Reservation
 from ipam.podsource import PodInfo
 from ipam.reconciler import Reconciler
 from ipam.retry import Again, Retry, retrying
-from ipam.store.base import Allocation, Conflict, Reservation, StoreBusy, StoreUnavailable
+from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
 from ipam.store.local import LocalStore
 from ipam.store.memory import Backend, MemoryStore
 from tests.nsutil import REPO

@@ -18,8 +18,8 @@ from ipam.allocator import SnapshotView, allocate
 from ipam.batch import BatchView, Combiner, Op
 from ipam.config import from_dict
 from ipam.engine import Engine
+from ipam.model import Allocation, Pool, PoolUpdate
 from ipam.ranges import IPRange
-from ipam.store.base import Allocation, Pool, PoolUpdate
 from ipam.store.memory import Backend, MemoryStore
 
 A = Allocation("ca", "ns/a", "net1", "", "n", "node1")
@@ -278,7 +278,7 @@ def test_a_race_lost_to_another_writer_heats_the_pool_and_the_next_call_scatters
     than the pool it read): its next candidate is the lowest free address after a random point of the
     range (not the next lowest, which the other nodes' writers go for too), and it marks the pool hot
     in its node lock, so its next call starts at a random point at once."""
-    from ipam.store.base import Reservation
+    from ipam.model import Reservation
 
     backend = Backend()
     e1 = _engine(backend, [], 0.0, local_db=str(tmp_path / "n1" / "db"))

@@ -14,9 +14,9 @@ from cni import jsonio
 from ipam import cli
 from ipam.config import from_dict
 from ipam.engine import Engine
+from ipam.model import Allocation
 from ipam.podsource import PodInfo, PodSourceError
 from ipam.reconciler import Finding, Reconciler, Report
-from ipam.store.base import Allocation
 from ipam.store.local import LocalStore
 from tests.nsutil import REPO
 

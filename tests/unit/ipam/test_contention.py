@@ -8,8 +8,8 @@ from ipam import allocator
 from ipam.batch import Claims
 from ipam.config import from_dict
 from ipam.engine import SPREAD_MAX, Engine, spread
+from ipam.model import Allocation, Pool, Reservation
 from ipam.retry import Retry
-from ipam.store.base import Allocation, Pool, Reservation
 from ipam.store.memory import Backend, MemoryStore
 
 OWNER = Allocation("c1", "ns/p", "net1", "u", "blue", "n")

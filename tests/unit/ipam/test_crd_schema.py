@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 import yaml
 
+from ipam.model import Allocation, Pool, Reservation
 from ipam.store import crd
-from ipam.store.base import Allocation, Pool, Reservation
 from tests.kubeapi.emulator import CRDS, validate
 from tests.nsutil import REPO
 

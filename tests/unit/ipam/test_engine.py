@@ -10,15 +10,8 @@ import pytest
 from cni.errors import CheckError, CniError, Code, ExhaustedError, TryAgainError
 from ipam.config import from_dict
 from ipam.engine import Engine, Retry
-from ipam.store.base import (
-    Allocation,
-    Conflict,
-    Pool,
-    PoolUpdate,
-    Reservation,
-    StoreBusy,
-    StoreUnavailable,
-)
+from ipam.model import Allocation, Pool, PoolUpdate, Reservation
+from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
 from ipam.store.memory import Backend, MemoryStore
 
 A = Allocation("ca", "ns/a", "net1", "uid-a", "netA", "node1")

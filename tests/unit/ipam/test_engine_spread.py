@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 from ipam.config import from_dict
 from ipam.engine import SPREAD_MAX, Engine
+from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.retry import Retry
-from ipam.store.base import Allocation, Conflict, Pool, PoolUpdate, Reservation
+from ipam.store.base import Conflict
 from ipam.store.memory import MemoryStore
 
 A = Allocation("ca", "ns/a", "net1", "uid-a", "netA", "node1")

@@ -13,10 +13,10 @@ from typing import Any
 from ipam import cli
 from ipam.config import from_dict
 from ipam.engine import Engine, Retry
+from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.podsource import PodInfo
 from ipam.reconciler import Reconciler
 from ipam.store import crd, etcd
-from ipam.store.base import Allocation, Pool, PoolUpdate, Reservation
 from ipam.store.memory import Backend, MemoryStore
 from ipam.store.names import network_name_of, reservation_address, reservation_name
 

@@ -6,8 +6,8 @@ import ipaddress
 
 import pytest
 
+from ipam.model import Allocation, Pool, Reservation
 from ipam.store import crd
-from ipam.store.base import Allocation, Pool, Reservation
 from ipam.store.names import pool_name, reservation_name
 
 

@@ -11,7 +11,7 @@ from cni.errors import CniError, Code
 from ipam import nodequeue
 from ipam.batch import Op
 from ipam.config import from_dict
-from ipam.store.base import Allocation
+from ipam.model import Allocation
 
 A = Allocation("a" * 64, "ns/a", "net1", "uid-a", "blue", "node-1")
 B = Allocation("b" * 64, "ns/b", "net1", "uid-b", "blue", "node-1")

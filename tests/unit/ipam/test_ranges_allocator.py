@@ -11,8 +11,8 @@ import pytest
 from cni.errors import Code, ConfigError, ExhaustedError
 from ipam import allocator
 from ipam.config import from_dict
+from ipam.model import Allocation, Pool
 from ipam.ranges import IPRange
-from ipam.store.base import Allocation, Pool
 
 OWNER = Allocation("c1", "ns/p1", "net1")
 

@@ -15,8 +15,8 @@ import pytest
 from cni.errors import CniError, Code, ConfigError
 from ipam import slices
 from ipam.config import from_dict
+from ipam.model import Allocation, Pool
 from ipam.store import crd, nodeslices
-from ipam.store.base import Allocation, Pool
 from tests.unit.ipam.test_crd_schema import directories, schemas
 
 KUBE = {"kubernetes": {"kubeconfig": "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"}}
