@@ -115,7 +115,8 @@ def test_file_is_private_and_wal(tmp_path: Path) -> None:
 def test_many_processes_create_the_database_at_once(tmp_path: Path) -> None:
     path = str(tmp_path / "new" / "db")
     code = (
-        "import sys; from ipam.store.local import LocalStore; from ipam.model import Allocation, Reservation; "
+        "import sys; from ipam.store.local import LocalStore; "
+        "from ipam.model import Allocation, Reservation; "
         "s = LocalStore(sys.argv[1]); s.put_reservation(Reservation('r' + sys.argv[2], "
         "Allocation('c', 'ns/p', 'net1'))); s.close()"
     )
