@@ -2,11 +2,12 @@
 rtnetlink messages pycni sends and reads: links, addresses, routes and SR-IOV VF lists
 (cni.netlink.links, addrs, routes, vfinfo), built and read here.
 
-pyroute2's message classes cost a frozen plugin call 15-20 ms to import (pyroute2.netlink, logging and
-traceback, fifteen ifinfmsg link-kind plugin modules) for the twenty-odd attributes pycni writes and
-reads. pyroute2 is a test dependency only, the reference of tests/unit/test_netlink_nla.py and
-tests/unit/test_vf_encoding.py: every request built with these modules is compared byte for byte with
-pyroute2's encoding of the same message, and replies encoded by pyroute2 are decoded both ways."""
+pyroute2's message classes would add pyroute2.netlink, logging, traceback and fifteen ifinfmsg link-kind
+plugin modules to every frozen plugin call (bundler/README.md has the start-up figures) for the
+twenty-odd attributes pycni writes and reads. pyroute2 is a test dependency only, the reference of
+tests/unit/test_netlink_nla.py and tests/unit/test_vf_encoding.py: every request built with these
+modules is compared byte for byte with pyroute2's encoding of the same message, and replies encoded by
+pyroute2 are decoded both ways."""
 
 from __future__ import annotations
 
