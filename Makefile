@@ -83,9 +83,9 @@ e2e: deps venv driver
 # Three passes: everything from source, then the integration and e2e suites against the frozen entries,
 # once in-process (no agent) and once through the frozen node-local agent (PYCNI_TEST_AGENT=1).
 test: deps venv driver lint bundle
-	$(VENV)/bin/pytest -q tests
-	PYCNI_PLUGIN_DIR=$(CURDIR)/dist/cni-bin $(VENV)/bin/pytest -q tests/integration tests/e2e
-	PYCNI_PLUGIN_DIR=$(CURDIR)/dist/cni-bin PYCNI_TEST_AGENT=1 $(VENV)/bin/pytest -q tests/integration tests/e2e
+	$(VENV)/bin/pytest -q --durations=15 tests
+	PYCNI_PLUGIN_DIR=$(CURDIR)/dist/cni-bin $(VENV)/bin/pytest -q --durations=10 tests/integration tests/e2e
+	PYCNI_PLUGIN_DIR=$(CURDIR)/dist/cni-bin PYCNI_TEST_AGENT=1 $(VENV)/bin/pytest -q --durations=10 tests/integration tests/e2e
 
 # The long hardening run: the fuzz suite with the `fuzz` hypothesis profile (EXAMPLES per test and case,
 # default 5000; CI runs the bounded `ci` profile as part of `make test`).
