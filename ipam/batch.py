@@ -23,7 +23,7 @@ from ipam.ranges import IPRange
 
 MAX_BATCH = 128  # operations in one pool write (bounds a write's size and its retry cost)
 PACE = 1.0  # the agent's combiners: wait as long as the previous write took before the next (Combiner)
-PACE_MAX = 0.5  # seconds: the longest such wait
+PACE_MAX = 2.0  # seconds: the longest such wait (only writes slower than this reach it: huge pools)
 
 
 @valueclass(frozen=False)

@@ -4,8 +4,10 @@ and `Again` (try a new candidate at once) without sleeping.
 
 A conflict is progress: another writer committed. So conflicts are retried while they keep coming,
 up to `limit` (upstream whereabouts' ADD time limit): 200 racers on one pool of a cluster store
-commit one after another, and the last must not give up while the queue ahead of it drains. Anything
-else (candidates taken again and again, the store down) is bounded by `deadline`.
+commit one after another, and the last must not give up while the queue ahead of it drains. So is an
+overloaded server (StoreBusy: its 429 or 504, or no answer within the read timeout): it is busy with
+the other writers' requests. Anything else (candidates taken again and again, the store down) is
+bounded by `deadline`.
 
 Every conflict and every attempt run again is counted (cni.metrics: a no-op outside the agent and the
 reconciler), labelled with the store of the IPAM call in progress."""
@@ -59,9 +61,9 @@ def retrying[T](policy: Retry, what: str, attempt: Callable[[], T]) -> T:
                     f"{what}: gave up after {conflicts} conflicting writes in {policy.limit:g}s"
                 ) from None
             metrics.retry("conflict")
-        except StoreBusy:
+        except StoreBusy:  # an overloaded server is serving other writers: bounded like conflicts
             conflicts += 1
-            if clock() - start > policy.deadline:
+            if clock() - start > policy.limit:
                 raise
             metrics.retry("busy")
         except StoreUnavailable:

@@ -136,7 +136,7 @@ class Busy(MemoryStore):
         return super().get_pool(name)
 
 
-def test_a_busy_store_is_retried_past_the_outage_grace_within_the_deadline() -> None:
+def test_a_busy_store_is_retried_past_the_outage_grace_within_the_limit() -> None:
     clock = Clock()
     e = make(store=Busy(Backend(), clock, until=Retry().outage * 3), clock=clock)
     assert addrs(e.add(A)) == ["198.51.100.1"]  # still busy after the outage grace: retried, then done
@@ -145,7 +145,7 @@ def test_a_busy_store_is_retried_past_the_outage_grace_within_the_deadline() -> 
     never = make(store=Busy(Backend(), clock2, until=1e9), clock=clock2)
     with pytest.raises(StoreBusy):
         never.add(A)
-    assert Retry().deadline <= clock2.now < Retry().deadline + 2  # bounded by the deadline: code 11
+    assert Retry().limit <= clock2.now < Retry().limit + 2  # bounded like conflicts: then code 11
 
 
 class Flaky(MemoryStore):
