@@ -17,6 +17,14 @@ from bundler.cli import Options, options, parse
 FAKE_EXE = Path("/usr/lib/cni/loopback")
 
 
+def fake_bundle(root: Path) -> None:
+    """A stand-in for what PyInstaller leaves in a dist directory (bundler.build.layout's input)."""
+    (root / build.BUNDLE / "_internal").mkdir(parents=True)
+    (root / build.BUNDLE / build.BUNDLE).write_bytes(b"\x7fELF fake")
+    (root / build.BUNDLE / build.BUNDLE).chmod(0o755)
+    (root / build.BUNDLE / "_internal" / "a.pyc").write_bytes(b"a")
+
+
 def fake_layout(root: Path, version: str = "0.0.1") -> Path:
     """A cni-bin layout whose bundle executable is a copy of a small real ELF."""
     internal = root / build.BUNDLE / "_internal"

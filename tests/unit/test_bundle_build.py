@@ -14,6 +14,7 @@ import pytest
 from bundler import build, freeze, manifest
 from cni import jsonio
 from cni.registry import IN_PROCESS_IPAM, LAZY_MODULES, PLUGINS, TOOLS, entries, resolve
+from tests.bundle_layouts import fake_bundle
 from tests.nsutil import REPO
 
 
@@ -44,13 +45,6 @@ def test_build_fails_when_a_declared_module_was_not_collected() -> None:
 ])
 def test_resolve_entry_names(name: str, want: str | None) -> None:
     assert resolve(name) == want
-
-
-def fake_bundle(root: Path) -> None:
-    (root / build.BUNDLE / "_internal").mkdir(parents=True)
-    (root / build.BUNDLE / build.BUNDLE).write_bytes(b"\x7fELF fake")
-    (root / build.BUNDLE / build.BUNDLE).chmod(0o755)
-    (root / build.BUNDLE / "_internal" / "a.pyc").write_bytes(b"a")
 
 
 def test_layout_writes_entries_and_a_verifiable_manifest(tmp_path: Path) -> None:

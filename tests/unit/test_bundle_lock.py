@@ -16,6 +16,7 @@ import pytest
 
 from bundler import build, freeze, lock, manifest, repro
 from cni import jsonio
+from tests.bundle_layouts import fake_bundle
 from tests.nsutil import REPO
 
 H1, H2 = "a" * 64, "b" * 64
@@ -138,13 +139,6 @@ def test_collected_modules_of_an_unlocked_distribution_are_refused(tmp_path: Pat
     with pytest.raises(SystemExit, match=r"pytest: not in the lock, but its modules pytest would be frozen"):
         freeze.check_locked(*tocs, lockfile=str(fake))
     freeze.check_locked(*tocs[1:], lockfile=str(fake))
-
-
-def fake_bundle(root: Path) -> None:
-    (root / build.BUNDLE / "_internal").mkdir(parents=True)
-    (root / build.BUNDLE / build.BUNDLE).write_bytes(b"\x7fELF fake")
-    (root / build.BUNDLE / build.BUNDLE).chmod(0o755)
-    (root / build.BUNDLE / "_internal" / "a.pyc").write_bytes(b"a")
 
 
 def test_manifest_records_the_locked_versions(tmp_path: Path) -> None:
