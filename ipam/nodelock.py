@@ -46,8 +46,22 @@ class _NoProgress(Exception):
     pass
 
 
-def _private(path: str, flags: int) -> int:
+def private(path: str, flags: int) -> int:
+    """os.open for the node lock's files: 0600, never through a symlink (an opener for open())."""
     return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def write_private(path: str, data: bytes) -> None:
+    """Replace `path` with `data` atomically (a 0600 temporary file beside it, then rename)."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with open(tmp, "wb", opener=private) as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def path_for(directory: str, identity: str, node: str, pool: str) -> str:
@@ -129,15 +143,10 @@ class Held:
         self._write(".res", jsonio.dumps(known))
 
     def _write(self, suffix: str, data: bytes) -> None:
-        tmp = f"{self.path}{suffix}.{os.getpid()}.{threading.get_ident()}"
         try:
-            with open(tmp, "wb", opener=_private) as out:
-                out.write(data)
-            os.replace(tmp, self.path + suffix)
+            write_private(self.path + suffix, data)
         except OSError as e:
             log.debug("%s%s not kept: %s", self.path, suffix, e.strerror)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
 
 
 @contextlib.contextmanager

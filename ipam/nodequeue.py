@@ -27,27 +27,12 @@ from typing import Any
 
 from cni import jsonio, log
 from cni.errors import CniError
+from ipam import nodelock
 from ipam.batch import Claims, Op
 from ipam.model import Allocation
 from ipam.ranges import IPRange
 
 SUFFIX, OUTCOME = ".req", ".out"
-
-
-def _private(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-
-
-def _write(path: str, data: bytes) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "wb", opener=_private) as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 class Ticket:
@@ -86,7 +71,7 @@ def publish(lock_path: str, ops: list[Op]) -> Ticket | None:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         path = os.path.join(directory, f"{os.getpid()}-{os.urandom(6).hex()}{SUFFIX}")
         tmp = path + ".tmp"
-        fd = _private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        fd = nodelock.private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     except OSError as e:
         log.debug("node queue %s unavailable (%s): running alone", directory, e.strerror)
         return None
@@ -116,7 +101,8 @@ class Taken:
     def answer(self) -> None:
         for path, ops in self.calls:
             try:
-                _write(path[: -len(SUFFIX)] + OUTCOME, jsonio.dumps([_outcome(op) for op in ops]))
+                outcome = jsonio.dumps([_outcome(op) for op in ops])
+                nodelock.write_private(path[: -len(SUFFIX)] + OUTCOME, outcome)
                 os.unlink(path)  # answered: no later holder takes it again
             except OSError as e:
                 log.debug("node queue: outcome for %s not left: %s", path, e.strerror)
@@ -149,7 +135,7 @@ def take(ticket: Ticket | None, room: int) -> Taken:
 def _load(path: str) -> list[Op] | None:
     """A request's operations, if its caller is alive (else the file is removed)."""
     try:
-        fd = _private(path, os.O_RDONLY)
+        fd = nodelock.private(path, os.O_RDONLY)
     except OSError:
         return None
     try:
