@@ -141,7 +141,7 @@ class Combiner:
                 if all(op.done for op in ops):
                     return
                 if self.pace and self._took:
-                    gap = min(self._took * self.pace, PACE_MAX) - (time.monotonic() - self._ended)
+                    gap = pace_gap(self._took, time.monotonic() - self._ended, self.pace)
                     if gap > 0:
                         time.sleep(gap)
                 with self._queue_lock:
@@ -161,6 +161,13 @@ class Combiner:
                     metrics.conflict("reservation", sum(op.claims.lost for op in batch))
                     self._ended = time.monotonic()
                     self._took = self._ended - began
+
+
+def pace_gap(took: float, since: float, pace: float = PACE, longest: float = PACE_MAX) -> float:
+    """Seconds to wait before the next write of a pool, the previous one having taken `took` and ended
+    `since` seconds ago: `pace` times its duration after its end, at most `longest` (<= 0: none). The
+    agent's combiners and plugin processes holding the node lock (ipam.engine) pace alike."""
+    return min(took * pace, longest) - since
 
 
 class _Registry:

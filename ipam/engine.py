@@ -393,7 +393,7 @@ class Engine:
 def _pace(lock: nodelock.Held) -> None:
     """A plugin process holding the node lock waits as the agent's combiner does (batch.PACE): the
     node's calls that arrive meanwhile queue behind the lock and join this write (ipam.nodequeue)."""
-    gap = lock.gap(batch.PACE, batch.PACE_MAX)
+    gap = batch.pace_gap(*lock.last_write())
     if gap > 0:
         time.sleep(gap)
 

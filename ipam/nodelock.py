@@ -78,7 +78,7 @@ class Held:
     writers of this pool on this node should expect contention (bytes 8-16, a wall-clock deadline in
     milliseconds): a call that lost a race to another node says so, and the calls after it on this
     node spread their candidates at once instead of each losing the same races again. Bytes 16-32 pace
-    the node's writes of the pool (gap, took).
+    the node's writes of the pool (last_write, took).
 
     Beside the lock, `<lock>.snap` keeps the pool as the last holder's write left it (the store's
     answer to that write), stamped with that holder's counter value. The next holder can start from
@@ -97,15 +97,14 @@ class Held:
     def heat(self, seconds: float) -> None:
         os.pwrite(self.fd, int((time.time() + seconds) * 1000).to_bytes(8, "little"), 8)
 
-    def gap(self, pace: float, longest: float) -> float:
-        """Seconds to wait before this holder's write (bytes 16-32: how long the previous write took
-        and when it ended, wall-clock milliseconds): `pace` times that duration after its end, at most
-        `longest` (batch.Combiner's pacing, across the node's processes)."""
+    def last_write(self) -> tuple[float, float]:
+        """The node's previous write of the pool (bytes 16-32, wall-clock milliseconds): how long it took
+        and how long ago it ended, in seconds (batch.pace_gap paces the next one from them)."""
         took, ended = (int.from_bytes(os.pread(self.fd, 8, at).ljust(8, b"\0"), "little") for at in (16, 24))
-        return min(took * pace, longest * 1000, 10_000) / 1000 - (time.time() - ended / 1000)
+        return took / 1000, time.time() - ended / 1000
 
     def took(self, seconds: float) -> None:
-        """Record how long this holder's write took, ending now (see gap)."""
+        """Record how long this holder's write took, ending now (see last_write)."""
         now = int(time.time() * 1000)
         os.pwrite(self.fd, int(seconds * 1000).to_bytes(8, "little") + now.to_bytes(8, "little"), 16)
 

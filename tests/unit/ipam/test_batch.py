@@ -239,14 +239,14 @@ def test_node_lock_queues_holders_and_bounds_the_wait(tmp_path: Path) -> None:
 def test_node_lock_paces_the_next_write_by_the_previous_ones_duration(tmp_path: Path) -> None:
     path = nodelock.path_for(str(tmp_path / "locks"), "store", "node1", "pool")
     with nodelock.held(path) as lock:
-        assert lock is not None and lock.gap(1.0, 0.5) < 0  # no write yet: no wait
+        assert lock is not None and batch.pace_gap(*lock.last_write(), 1.0, 0.5) < 0  # no write yet: no wait
         lock.took(2.0)
     with nodelock.held(path) as lock:  # the next holder, in another process as well (the file says)
         assert lock is not None
-        assert 0.4 < lock.gap(1.0, 0.5) <= 0.5  # as long as it took, at most `longest`
-        assert 0.9 < lock.gap(0.5, 5.0) <= 1.0
+        assert 0.4 < batch.pace_gap(*lock.last_write(), 1.0, 0.5) <= 0.5  # as it took, at most `longest`
+        assert 0.9 < batch.pace_gap(*lock.last_write(), 0.5, 5.0) <= 1.0
         lock.took(0.0)
-        assert lock.gap(1.0, 0.5) <= 0
+        assert batch.pace_gap(*lock.last_write(), 1.0, 0.5) <= 0
 
 
 def test_node_lock_directory_unusable_runs_without_it(tmp_path: Path) -> None:
