@@ -137,15 +137,10 @@ class Engine:
             return
         rng = pending[0].rng
         with self._atomic(name, pending[0].owner.node) as lock:
-            if lock is not None and ticket is not None and ticket.answered():
-                ticket.close()
+            taken = self._from_queue(lock, ticket, len(pending))
+            if taken is None:
                 return  # decided and written by another call on this node
-            if lock is not None and ticket is not None:
-                _pace(lock)
             began = time.monotonic()
-            taken = nodequeue.take(ticket if lock is not None else None, batch.MAX_BATCH - len(pending))
-            for op in taken.ops:
-                op.started = op.begun = self.retry.clock()
             pending += taken.ops
             hot = None if lock is None else lock.hot()
             lost = sum(op.claims.lost for op in pending)
@@ -180,16 +175,42 @@ class Engine:
             self._keep_view(lock, name, version)
             if lock is not None:
                 lock.took(time.monotonic() - began)
-                self._remember(lock, decided)
-            for op in decided:
-                op.done = True
-            taken.answer()
-            if lock is not None and ticket is not None and all(op.done for op in ticket.ops):
-                ticket.close()  # under the lock: no holder takes it after this
+            self._done(lock, ticket, decided, taken)
         for op in decided:
             if op.kind == "add":
                 log.debug("%s %s: %s (%s)", op.owner.container_id, op.owner.ifname,
                           op.rng.address(op.offsets[0]), name)  # fmt: skip
+
+    def _from_queue(
+        self, lock: nodelock.Held | None, ticket: nodequeue.Ticket | None, pending: int
+    ) -> nodequeue.Taken | None:
+        """Under the node lock, a plugin process (`ticket`): None when another holder decided its ops
+        already (its request withdrawn); else, after pacing its write, the ops of the node's other
+        calls it takes into its batch. Nothing to take elsewhere."""
+        if lock is None or ticket is None:
+            return nodequeue.Taken()
+        if ticket.answered():
+            ticket.close()
+            return None
+        _pace(lock)
+        taken = nodequeue.take(ticket, batch.MAX_BATCH - pending)
+        for op in taken.ops:
+            op.started = op.begun = self.retry.clock()
+        return taken
+
+    def _done(
+        self, lock: nodelock.Held | None, ticket: nodequeue.Ticket | None, decided: list[Op],
+        taken: nodequeue.Taken,
+    ) -> None:  # fmt: skip
+        """After a successful write: the ops decided are done, the other calls' ops answered, and a
+        plugin process' own request withdrawn (under the lock: no holder takes it after this)."""
+        if lock is not None and ticket is not None:  # the agent remembers in memory (the store's)
+            self._remember(lock, decided)
+        for op in decided:
+            op.done = True
+        taken.answer()
+        if lock is not None and ticket is not None and all(op.done for op in ticket.ops):
+            ticket.close()
 
     def _remember(self, lock: nodelock.Held, decided: list[Op]) -> None:
         """Keep beside the node lock the reservations this write's ADDs created (their versions), and
