@@ -151,7 +151,7 @@ class _Reader:
     """Buffered reads from a (TLS) socket: lines and exact lengths."""
 
     def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.buf = sock, b""
+        self.sock, self.buf = sock, bytearray()  # grows in place: a large pool arrives in many reads
 
     def _fill(self) -> bool:
         data = self.sock.recv(65536)
@@ -167,20 +167,23 @@ class _Reader:
                 if self.buf:
                     raise BadAnswer("the answer ended inside a line")
                 return b""
-        line, self.buf = self.buf[:end], self.buf[end + 1:]
+        line = bytes(self.buf[:end])
+        del self.buf[: end + 1]
         return line.rstrip(b"\r")
 
     def exact(self, n: int) -> bytes:
         while len(self.buf) < n:
             if not self._fill():
                 raise BadAnswer(f"the answer ended {n - len(self.buf)} bytes early")
-        data, self.buf = self.buf[:n], self.buf[n:]
+        data = bytes(self.buf[:n])
+        del self.buf[:n]
         return data
 
     def rest(self) -> bytes:
         while self._fill():
             pass
-        data, self.buf = self.buf, b""
+        data = bytes(self.buf)
+        self.buf.clear()
         return data
 
 
