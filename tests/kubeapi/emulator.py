@@ -563,6 +563,8 @@ class Emulator:
                     meta["generation"] = int(cm.get("generation") or 1) + 1  # no status subresource
                 if "managedFields" not in meta and "managedFields" in cm:
                     meta["managedFields"] = cm["managedFields"]
+                if meta.get("managedFields") == [{}]:  # the documented way to strip them
+                    del meta["managedFields"]
                 code = 200
             meta["resourceVersion"] = str(next(self._rv))
             table[name] = obj

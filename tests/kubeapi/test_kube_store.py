@@ -341,6 +341,31 @@ def test_pool_written_by_upstream_is_read_and_its_metadata_kept(tenant: Tenant) 
     client.close()
 
 
+def test_pool_writes_clear_the_field_tracking_and_other_writers_are_unaffected(tenant: Tenant) -> None:
+    """Every pool patch strips managedFields (kube.UNTRACKED): the real server then stores none, and a
+    foreign writer (upstream's GET + PUT, the admin here) still reads and writes the pool as before."""
+    client, path = admin(tenant), f"{pools(tenant)}/{POOL}"
+    store = open_kube(tenant.node)
+    try:
+        create(store, {"1": A})
+        assert client.request("GET", path)["metadata"].get("managedFields")  # the create is tracked
+        snap = store.get_pool(POOL)
+        assert snap is not None
+        store.commit_pool(snap, PoolUpdate(put={"2": B}))
+        obj = client.request("GET", path)
+        assert "managedFields" not in obj["metadata"] and set(obj["spec"]["allocations"]) == {"1", "2"}
+        obj["spec"]["allocations"]["3"] = {"id": "c" * 64, "podref": "ns/c", "ifname": "net1"}
+        client.request("PUT", path, obj)  # upstream's write
+        snap = store.get_pool(POOL)
+        assert snap is not None and set(snap.allocations) == {"1", "2", "3"}
+        store.commit_pool(snap, PoolUpdate(remove=frozenset({"1"})))
+        obj = client.request("GET", path)
+        assert "managedFields" not in obj["metadata"] and set(obj["spec"]["allocations"]) == {"2", "3"}
+    finally:
+        store.close()
+        client.close()
+
+
 def test_owners_annotation_is_dropped_when_nothing_is_left_to_record(tenant: Tenant) -> None:
     store = open_kube(tenant.node)
     try:
