@@ -118,10 +118,14 @@ class Engine:
         turn against the pool plus the decisions before it, then one write. A Conflict on the write
         leaves every op pending (the retry reads the pool again; reservations already made are kept).
 
-        A batch of DELs starts from the node lock's snapshot when the previous holder on this node left
-        one (ipam.nodelock.Held: the store's answer to its write), else from the store. A snapshot may
-        lack the latest writes of others: a DEL that finds nothing in it looks at the stored pool
-        before saying so, and a removal that no longer fits is a Conflict like any other.
+        A batch starts from the node lock's snapshot when the previous holder on this node left one
+        (ipam.nodelock.Held: the store's answer to its write), else from the store: a batch of DELs
+        always, one with ADDs while the pool is not `hot` (no race lost to another node and no foreign
+        write seen lately: on a pool this node alone writes, an ADD then costs no read). A snapshot may
+        lack the latest writes of others: a DEL that finds nothing in it looks at the stored pool before
+        saying so, a removal that no longer fits is a Conflict like any other, and a write with ADDs
+        decided on a snapshot needs the whole pool unchanged since (a Conflict: the retry, and for a
+        while the node's next ADDs, read the pool).
 
         On a pool other nodes write too (`hot`) and a store that checks whole versions (not `merges`),
         the reservations a pass created took round trips during which the pool may have moved on: the
@@ -144,31 +148,20 @@ class Engine:
             pending += taken.ops
             hot = None if lock is None else lock.hot()
             lost = sum(op.claims.lost for op in pending)
-            # the node's snapshot only for DELs (an entry missing from it is looked up in the stored
-            # pool, a removal is guarded by the store): an ADD must see every entry of its pod, also
-            # one written outside this node's lock (upstream whereabouts during a migration)
-            usable = all(op.kind == "del" for op in pending)
-            view = self._kept_view(rng, lock) if usable else None
-            cached = view is not None
-            view = view or self._view(rng)
-            changes, decided, claimed = self._decide_all(view, pending, hot)
-            if cached and any(op.kind == "del" and not op.freed for op in decided):
-                view = self._view(rng)  # not in the snapshot: is it in the pool as stored?
-                changes, decided, _ = self._decide_all(view, [op for op in pending if not op.done], hot)
-            elif hot and claimed and not self.store.merges:
-                again = self._view(rng)
-                if again.version != view.version:
-                    view = again
-                    changes, decided, _ = self._decide_all(view, [op for op in pending if not op.done], hot)
+            view, changes, decided, cached = self._decide_batch(rng, lock, pending, hot)
             if lock is not None and sum(op.claims.lost for op in pending) > lost:
                 lock.heat(HOT_SECONDS)  # races lost to other nodes: the next calls here spread at once
             version = view.version
             update = changes.update()
+            if cached and any(op.kind == "add" for op in decided):
+                update = PoolUpdate(put=update.put, remove=update.remove, whole=True)
             if update and (view.version is not None or update.put):
                 try:
                     version = self._commit(view, update)
                 except Conflict:
-                    if lock is not None:
+                    if lock is not None and update.whole:  # written since the snapshot: read it for a while
+                        lock.seen_foreign(HOT_SECONDS)
+                    elif lock is not None:
                         lock.heat(HOT_SECONDS)  # another node wrote this pool meanwhile
                     raise
                 faults.point("store-commit")  # tests: inside the store transaction, before it ends
@@ -180,6 +173,41 @@ class Engine:
             if op.kind == "add":
                 log.debug("%s %s: %s (%s)", op.owner.container_id, op.owner.ifname,
                           op.rng.address(op.offsets[0]), name)  # fmt: skip
+
+    def _decide_batch(
+        self, rng: IPRange, lock: nodelock.Held | None, pending: list[Op], hot: bool | None
+    ) -> tuple[PoolView, BatchView, list[Op], bool]:
+        """Decide the batch (see _step): (the view decided on, the changes, the ops decided, whether the
+        view is the node's snapshot). The snapshot serves DELs, and ADDs while no other node raced this
+        one on the pool and no foreign write was seen lately: an ADD must see every entry of its pod,
+        also one written outside this node's lock (upstream whereabouts during a migration), so its
+        write then needs the whole pool still at the snapshot's version. A snapshot found stale on the
+        way (a candidate's reservation is newer than it, or a candidate failed on it) is no lost race:
+        the pool is read and the batch decided again (each op keeps the reservations it made)."""
+        adds = any(op.kind == "add" for op in pending)
+        trusted = not adds or (lock is not None and not hot and not lock.foreign())
+        kept = self._kept_view(rng, lock) if trusted else None
+        view = kept or self._view(rng)
+        before = [(op.claims.lost, op.done) for op in pending]
+        changes, decided, claimed = self._decide_all(view, pending, hot)
+        if kept is None:
+            if hot and claimed and not self.store.merges:
+                again = self._view(rng)
+                if again.version != view.version:
+                    view = again
+                    changes, decided, _ = self._decide_all(view, [op for op in pending if not op.done], hot)
+            return view, changes, decided, False
+        then = list(zip(pending, before, strict=True))
+        if adds and lock is not None and any(op.claims.lost > n or op.done > done for op, (n, done) in then):
+            lock.seen_foreign(HOT_SECONDS)
+            for op, (n, done) in then:
+                op.claims.lost, op.done = n, done
+                op.error = op.error if done else None
+        elif not any(op.kind == "del" and not op.freed for op in decided):
+            return view, changes, decided, True
+        view = self._view(rng)  # stale, or a DEL found nothing in the snapshot: the pool as stored
+        changes, decided, _ = self._decide_all(view, [op for op in pending if not op.done], hot)
+        return view, changes, decided, False
 
     def _from_queue(
         self, lock: nodelock.Held | None, ticket: nodequeue.Ticket | None, pending: int

@@ -54,6 +54,9 @@ class PoolUpdate:
 
     put: Mapping[str, Allocation] = field(default_factory=dict)
     remove: frozenset[str] = frozenset()
+    # the write must find the whole pool still at the version it was computed from, also on a store that
+    # merges entry by entry (ipam.store.base): for a decision taken on a snapshot that may miss others' writes
+    whole: bool = False
 
     def __bool__(self) -> bool:
         return bool(self.put or self.remove)

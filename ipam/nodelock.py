@@ -78,7 +78,7 @@ class Held:
     writers of this pool on this node should expect contention (bytes 8-16, a wall-clock deadline in
     milliseconds): a call that lost a race to another node says so, and the calls after it on this
     node spread their candidates at once instead of each losing the same races again. Bytes 16-32 pace
-    the node's writes of the pool (last_write, took).
+    the node's writes of the pool (last_write, took); bytes 32-40 whether others wrote it lately (foreign).
 
     Beside the lock, `<lock>.snap` keeps the pool as the last holder's write left it (the store's
     answer to that write), stamped with that holder's counter value. The next holder can start from
@@ -96,6 +96,16 @@ class Held:
 
     def heat(self, seconds: float) -> None:
         os.pwrite(self.fd, int((time.time() + seconds) * 1000).to_bytes(8, "little"), 8)
+
+    def foreign(self) -> bool:
+        """Whether a writer outside this node's lock changed the pool lately (bytes 32-40, a wall-clock
+        deadline in milliseconds, set by `seen_foreign`): ADDs then read the pool instead of trusting
+        the snapshot. Unlike `hot`, no race was lost: candidates are not spread."""
+        until = int.from_bytes(os.pread(self.fd, 8, 32).ljust(8, b"\0"), "little")
+        return until > time.time() * 1000
+
+    def seen_foreign(self, seconds: float) -> None:
+        os.pwrite(self.fd, int((time.time() + seconds) * 1000).to_bytes(8, "little"), 32)
 
     def last_write(self) -> tuple[float, float]:
         """The node's previous write of the pool (bytes 16-32, wall-clock milliseconds): how long it took

@@ -36,8 +36,9 @@ Optional: a store may merge (`merges = True`, the Kubernetes store): `commit_poo
 update to the pool as it is when the write arrives, guarded entry by entry instead of by the whole
 version: each entry it adds must still be absent, each it replaces or removes must still name the
 container it named in the snapshot; otherwise Conflict and nothing changes. Writers of different
-entries then never conflict. The engine's decisions only ever rest on the entries they touch (and, with
-overlapping ranges, on the reservations), so both kinds are correct for it.
+entries then never conflict. An update marked `whole` is guarded by the whole version there too. The
+engine's decisions only ever rest on the entries they touch (and, with overlapping ranges, on the
+reservations), so both kinds are correct for it.
 
 A store module `ipam/store/<name>.py` exposes `open_store(conf: ipam.config.StoreConfig) -> Store`
 (see ipam.store.select) and joins the contract suite by adding a factory to

@@ -168,6 +168,8 @@ class KubeStore(Store):
         ops = patch_ops(base, (obj.get("metadata") or {}).get("annotations") or {}, update)
         if not ops:
             return str(pool.version)
+        if update.whole:
+            ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": pool.version})
         written = self._call("patch", POOLS, pool.name, [*ops, UNTRACKED])
         if written is None:  # deleted meanwhile
             raise Conflict(f"kubernetes: pool {pool.name}: deleted since version {pool.version}")

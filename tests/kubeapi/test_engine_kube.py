@@ -44,6 +44,40 @@ def test_a_del_after_this_nodes_add_reads_nothing(tenant: Tenant, tmp_path: Path
     assert offset == 1
 
 
+def test_an_add_after_this_nodes_write_reads_nothing(tenant: Tenant, tmp_path: Path) -> None:
+    """No other node raced this one on the pool: the next ADD decides on the snapshot the last write
+    left (no GET) and writes with the whole pool's version as a precondition."""
+    engine, _ = _engine(tenant, tmp_path)
+    engine.add(A)
+    again, sent = _engine(tenant, tmp_path)
+    [(_, offset)] = again.add(B)
+    assert _sent(sent) == [("POST", "overlappingrangeipreservations"), ("PATCH", "ippools")]
+    assert offset == 2 and set(tenant.pools()[POOL]) == {"1", "2"}
+
+
+def test_an_add_on_a_pool_written_elsewhere_since_reads_it_and_finds_its_entry(
+    tenant: Tenant, tmp_path: Path
+) -> None:
+    """B's entry and reservation were written by another writer after this node's last write (upstream
+    whereabouts on this node during a migration): an ADD of B decided on the snapshot would give B a
+    second address; its write needs the pool unchanged, so it is a Conflict, the pool is read and B
+    keeps the address it has. The reservation the first attempt made is dropped."""
+    engine, _ = _engine(tenant, tmp_path)
+    engine.add(A)
+    other = open_kube(tenant.node)
+    pool = other.get_pool(POOL)
+    assert pool is not None
+    other.put_reservation(Reservation("198.51.100.9", B))
+    other.commit_pool(pool, PoolUpdate(put={"9": B}))
+    again, sent = _engine(tenant, tmp_path)
+    [(_, offset)] = again.add(B)
+    assert offset == 9 and ("GET", "ippools") in _sent(sent)
+    assert set(tenant.pools()[POOL]) == {"1", "9"}
+    assert set(tenant.reservations()) == {"198.51.100.1", "198.51.100.9"}
+    [(_, offset)] = _engine(tenant, tmp_path)[0].add(A)  # a foreign write was seen: read, not the snapshot
+    assert offset == 1
+
+
 def test_an_entry_the_snapshot_lacks_is_read_and_freed(tenant: Tenant, tmp_path: Path) -> None:
     """B's entry and reservation were written by another writer after this node's last write (as
     upstream whereabouts would on this node during a migration): the DEL looks at the stored pool
@@ -123,8 +157,8 @@ def test_calls_waiting_on_the_node_lock_are_served_by_the_holders_write(
     assert dead is not None
     os.close(dead.fd)  # D's caller died: its flock is gone, its file stays
     [(_, a)] = engine.add(A)
-    assert _sent(sent) == [("GET", "ippools"), *[("POST", "overlappingrangeipreservations")] * 3,
-                           ("PATCH", "ippools")]  # fmt: skip
+    # no GET: the pool as the previous write on this node left it (test_an_add_after_this_nodes_write_...)
+    assert _sent(sent) == [*[("POST", "overlappingrangeipreservations")] * 3, ("PATCH", "ippools")]
     assert not os.path.exists(dead.path)
     b, c = waiting["ns/b"], waiting["ns/c"]
     assert b is not None and c is not None
