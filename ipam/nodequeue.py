@@ -41,6 +41,10 @@ class Ticket:
     def __init__(self, path: str, fd: int, ops: list[Op]) -> None:
         self.path, self.fd, self.ops = path, fd, ops
         self.closed = False
+        # other calls' operations this call took as holder, by request: a retry after a failed write
+        # takes the same objects again, so the reservations made for them are theirs (their outcome
+        # hands them over, and the call drops those it did not end up with), never forgotten
+        self.taken: dict[str, list[Op]] = {}
 
     def answered(self) -> bool:
         """Whether a holder decided this call's operations; if so they are updated and done."""
@@ -127,6 +131,11 @@ def take(ticket: Ticket | None, room: int) -> Taken:
             continue
         if len(ops) > room:
             break
+        if path in ticket.taken:  # taken before, by an attempt whose write failed: decided again
+            ops = ticket.taken[path]
+            for op in ops:
+                op.done, op.error = False, None
+        ticket.taken[path] = ops
         taken.calls.append((path, ops))
         room -= len(ops)
     return taken

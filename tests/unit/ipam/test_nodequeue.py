@@ -85,3 +85,25 @@ def test_an_unusable_directory_means_running_alone(tmp_path: Path) -> None:
     blocker.write_text("")
     assert nodequeue.publish(str(blocker / "x.lock"), ranges()) is None
     assert nodequeue.take(None, 128).ops == []
+
+
+def test_a_retry_after_a_failed_write_takes_the_same_operations_with_their_reservations(
+    tmp_path: Path,
+) -> None:
+    """A holder whose write failed takes the same requests again on its retry: the reservations its
+    failed attempt made for them stay theirs (the outcome hands them over), decided afresh."""
+    lock = str(tmp_path / "x.lock")
+    theirs = nodequeue.publish(lock, ranges()[:1])
+    mine = nodequeue.publish(lock, [Op("add", ranges()[0].rng, B, True)])
+    assert theirs is not None and mine is not None
+    [first] = nodequeue.take(mine, 128).ops
+    first.claims.created["198.51.100.10"], first.claims.mine["198.51.100.10"] = "7", 10
+    first.done, first.error = True, CniError("exhausted on a stale view", code=Code.POOL_EXHAUSTED)
+    again = nodequeue.take(mine, 128)  # the write failed: nothing was answered
+    assert again.ops == [first] and again.ops[0] is first
+    assert (first.done, first.error, first.claims.mine) == (False, None, {"198.51.100.10": 10})
+    first.offsets, first.done = [10], True
+    again.answer()
+    assert theirs.answered() and theirs.ops[0].claims.created == {"198.51.100.10": "7"}
+    theirs.close()
+    mine.close()
