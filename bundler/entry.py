@@ -2,8 +2,6 @@
 cni.__main__ dispatches on the name it was called by (sys.argv[0] keeps the symlink's name under the
 PyInstaller bootloader; sys.executable is the resolved bundle)."""
 
-import sys
+from cni.__main__ import run
 
-from cni.__main__ import main
-
-sys.exit(main())
+run()

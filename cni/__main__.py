@@ -14,6 +14,10 @@ if TYPE_CHECKING:
 BUILD_FILE = "pycni-build-id"
 
 
+class _Ran:
+    plugin_call = False  # main() ran a plugin call (CNI_COMMAND set, not a tool): see run()
+
+
 def _tool(name: str, argv: list[str]) -> int:
     import importlib
 
@@ -49,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     if name in TOOLS and not (rest == [] and os.environ.get("CNI_COMMAND") == "VERSION"):
         return _tool(name, rest)
     stdin: IO[bytes] = sys.stdin.buffer
+    _Ran.plugin_call = bool(os.environ.get("CNI_COMMAND")) and name not in TOOLS
     try:
-        if os.environ.get("CNI_COMMAND") and name not in TOOLS:
+        if _Ran.plugin_call:
             served, stdin = _via_agent(name, stdin)
             if served is not None:
                 return served
@@ -85,5 +90,22 @@ def _via_agent(name: str, stdin: IO[bytes]) -> tuple[int | None, IO[bytes]]:
     return rc, stdin
 
 
+def run() -> None:
+    """The process's entry (`python -m cni`, and bundler/entry.py in the frozen bundle): exit with
+    main()'s code. A plugin call that returned exits at once (os._exit) once stdout and stderr are
+    flushed: the interpreter's finalisation (module teardown, GC) would cost each call several ms, and
+    nothing of the call is left to it (no atexit handler, no thread of ours, the store closed, log lines
+    written straight to their fds). Tools (the installer, the agent, the CLI) exit normally."""
+    rc = main()
+    if _Ran.plugin_call:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # the interpreter's own exit reports it, as it always has
+            sys.exit(rc)
+        os._exit(rc)
+    sys.exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

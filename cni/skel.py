@@ -52,8 +52,8 @@ def check_env(command: str, env: Mapping[str, str]) -> CniArgs:
     missing = [k for k in NEEDS[command] if not env.get(k)]
     invalid = [f"{k} (contains a NUL byte)" for k in ENV_VARS if "\x00" in env.get(k, "")]  # never via exec
     cid = env.get("CNI_CONTAINERID", "")
-    if cid and "\x00" not in cid and not f.NAME_RE.fullmatch(cid):
-        invalid.append(f'CNI_CONTAINERID "{cid}" (must match {f.NAME_RE.pattern})')
+    if cid and "\x00" not in cid and not f.valid_name(cid):
+        invalid.append(f'CNI_CONTAINERID "{cid}" (must match {f.NAME_PATTERN})')
     ifname = env.get("CNI_IFNAME")
     problem = ifname_problem(ifname) if ifname and "\x00" not in ifname else None
     if problem:

@@ -7,7 +7,6 @@ and a binary search finds where it first fails. Nothing ever walks the range add
 
 from __future__ import annotations
 
-import random
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 
@@ -99,6 +98,14 @@ def _numeric(item: tuple[str, Allocation]) -> tuple[int, str]:
     return len(item[0]), item[0]
 
 
+def _randrange(n: int) -> int:
+    """random.randrange(n), the module imported on first use (a spread > 1: only after lost races);
+    importing `random` costs every plugin call ~1 ms."""
+    import random
+
+    return random.randrange(n)
+
+
 def segments_as_offsets(rng: IPRange) -> list[Segment]:
     return [(lo - rng.base, hi - rng.base) for lo, hi in rng.segments]
 
@@ -110,7 +117,7 @@ def allocate(
     blocked: Set[int] = frozenset(),
     prefer: Sequence[int] = (),
     spread: int = 1,
-    pick: Callable[[int], int] = random.randrange,
+    pick: Callable[[int], int] | None = None,
     start: int | None = None,
 ) -> Decision:
     """The owner's address in this pool. `blocked`: offsets held elsewhere (overlapping ranges).
@@ -149,7 +156,7 @@ def allocate(
             if nxt is None:
                 break
             candidates.append(nxt)
-        offset = candidates[pick(len(candidates))]
+        offset = candidates[(pick or _randrange)(len(candidates))]
     if offset is None:
         raise ExhaustedError(
             f"no free address in {rng.describe()}",

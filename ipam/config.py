@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
 
 from cni import jsonio
 from cni.errors import ConfigError, DecodeError
@@ -19,6 +18,10 @@ from cni.types.result import DNS, Route, parse_dns, parse_route
 from cni.types.valueclass import field, valueclass
 from ipam import ranges
 from ipam.ranges import IPRange
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
+if TYPE_CHECKING:
+    from typing import Any
 
 DATASTORES = ("local", "kubernetes", "etcd")
 DEFAULT_LOCAL_DB = "/var/lib/cni/pycni/whereabouts.db"
@@ -232,10 +235,11 @@ def _addresses(d: dict[str, Any], path: str) -> tuple[StaticAddress, ...]:
 
 def _network_name(d: dict[str, Any], path: str) -> str:
     name = f.opt(d, "network_name", str, path, "")
-    if name and not f.NAME_RE.match(name):
+    # (NAME_PATTERN as re.match took it, as it always has: "$" lets one trailing newline through)
+    if name and not f.valid_name(name.removesuffix("\n")):
         raise ConfigError(
             f"{f.join(path, 'network_name')}: invalid characters in {f.show(name)} "
-            f"(allowed: {f.NAME_RE.pattern})"
+            f"(allowed: {f.NAME_PATTERN})"
         )
     return str(name)
 

@@ -14,9 +14,13 @@ ssl.SSLError, for the caller to map."""
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import ssl
-from urllib.parse import urlsplit
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
+if TYPE_CHECKING:
+    from urllib.parse import SplitResult
 
 MAX_LINE = 65536  # a status or header line, a chunk-size line
 MAX_HEADERS = 200
@@ -35,6 +39,107 @@ class Closed(ConnectionResetError):
     """The server closed the connection before its answer began."""
 
 
+# urllib.parse costs every plugin call ~1 ms to import: the URLs, path segments and queries of our
+# requests take these small equivalents (tests/unit/ipam/test_httpconn_url.py compares them with it).
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+_HOST_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+_PATH_CHARS = _HOST_CHARS | frozenset("/~")
+
+
+class Url:
+    """What a caller reads of urllib.parse.urlsplit's answer (the same values)."""
+
+    __slots__ = ("hostname", "path", "port", "scheme")
+
+    def __init__(self, scheme: str, hostname: str, port: int | None, path: str) -> None:
+        self.scheme, self.hostname, self.port, self.path = scheme, hostname, port, path
+
+
+def split_url(url: str) -> Url | SplitResult:
+    """urllib.parse.urlsplit(url) for what its answer is read for (scheme, hostname, port, path). The
+    plain forms (http(s)://host[:port][/path], host a name, an IPv4 or a bracketed IPv6 address) are
+    split here; anything else (user info, a query, escapes, an invalid port...) by urlsplit itself, so
+    its answers and errors stay exactly urlsplit's."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme in ("http", "https"):
+        netloc, slash, path = rest.partition("/")
+        if netloc.startswith("["):
+            host, close, port = netloc[1:].partition("]")
+            plain = bool(close) and port[:1] in ("", ":") and _ipv6(host)
+            port = port[1:]
+        else:
+            host, _, port = netloc.partition(":")
+            plain = bool(host) and _HOST_CHARS.issuperset(host)
+        path = slash + path
+        if plain and _PATH_CHARS.issuperset(path) and (not port or _port(port)):
+            return Url(scheme, host.lower(), int(port) if port else None, path)
+    from urllib.parse import urlsplit
+
+    return urlsplit(url)
+
+
+def _ipv6(text: str) -> bool:
+    if not text or not frozenset("0123456789abcdefABCDEF:.").issuperset(text):
+        return False
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _port(text: str) -> bool:
+    return text.isascii() and text.isdigit() and int(text) <= 65535
+
+
+def quote(text: str) -> str:
+    """urllib.parse.quote(text, safe=""): a path segment, UTF-8 percent-encoded."""
+    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in text.encode())
+
+
+def urlencode(query: dict[str, object]) -> str:
+    """urllib.parse.urlencode(query) (quote_plus of each key and value; bytes as they are, anything
+    else as its str())."""
+    return "&".join(f"{_plus(k)}={_plus(v)}" for k, v in query.items())
+
+
+def _plus(value: object) -> str:
+    data = value if isinstance(value, bytes) else str(value).encode()
+    return "".join(chr(b) if b in _UNRESERVED else "+" if b == 0x20 else f"%{b:02X}" for b in data)
+
+
+def encoded_host(host: str) -> str | bytes:
+    """`host` for socket.getaddrinfo (create_connection) and SSLContext.wrap_socket's server_hostname:
+    both encode a str with the idna codec, and importing it (encodings.idna, stringprep, unicodedata)
+    costs a call ~1 ms. For an ASCII name that codec gives the name's ASCII bytes (after checking its
+    labels' lengths, as here), and both take bytes as the name already encoded; any other name goes
+    to them as it is."""
+    if host.isascii():
+        labels = host.split(".")
+        if all(0 < len(label) < 64 for label in labels[:-1]) and len(labels[-1]) < 64:
+            return host.encode("ascii")
+    return host
+
+
+def connect(host: str, port: int, timeout: float) -> socket.socket:
+    """socket.create_connection((host, port), timeout), the host name resolved without the idna codec
+    (encoded_host): each address in turn, the last one's error if none connects."""
+    error: OSError | None = None
+    found = socket.getaddrinfo(encoded_host(host), port, 0, socket.SOCK_STREAM)
+    for family, kind, proto, _, address in found:
+        sock = None
+        try:
+            sock = socket.socket(family, kind, proto)
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock
+        except OSError as e:
+            error = e
+            if sock is not None:
+                sock.close()
+    raise error if error is not None else OSError("getaddrinfo returns an empty list")
+
+
 class Connection:
     """Requests to `base` (scheme://host:port); one thread at a time."""
 
@@ -47,7 +152,7 @@ class Connection:
         server_name: str = "",
         proxy: str = "",
     ) -> None:
-        url = urlsplit(base)
+        url = split_url(base)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"{base!r} is not an http(s) URL")
         self.scheme, self.host = url.scheme, url.hostname
@@ -56,7 +161,7 @@ class Connection:
         self.tls = tls if tls is not None or url.scheme == "http" else ssl.create_default_context()
         self.connect_timeout, self.read_timeout = connect, read
         self.server_name = server_name
-        self.proxy = urlsplit(proxy) if proxy else None
+        self.proxy = split_url(proxy) if proxy else None
         host = f"[{self.host}]" if ":" in self.host else self.host
         default = 443 if self.scheme == "https" else 80
         self.authority = host if self.port == default else f"{host}:{self.port}"
@@ -103,7 +208,7 @@ class Connection:
         host, port = self.host, self.port
         if self.proxy is not None:
             host, port = self.proxy.hostname or "", self.proxy.port or 80
-        sock = socket.create_connection((host, port), timeout=self.connect_timeout)
+        sock = connect(host, port, self.connect_timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # the TLS handshake and the proxy's answer are the server's work: the read bound
@@ -112,7 +217,7 @@ class Connection:
                 _tunnel(sock, self.host, self.port)
             if self.scheme == "https":
                 assert self.tls is not None
-                sock = self.tls.wrap_socket(sock, server_hostname=self.server_name or self.host)
+                sock = self.tls.wrap_socket(sock, server_hostname=encoded_host(self.server_name or self.host))
         except BaseException:
             sock.close()
             raise

@@ -22,13 +22,15 @@ from __future__ import annotations
 import base64
 import os
 import ssl
-from typing import Any
-from urllib.parse import quote, urlencode
 
 from cni import jsonio
 from cni.errors import ConfigError
 from cni.types.valueclass import field, valueclass
-from ipam.httpconn import Connection, SlowAnswer, describe
+from ipam.httpconn import Connection, SlowAnswer, describe, quote, urlencode
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_NAMESPACE = "kube-system"  # upstream whereabouts' default (wbNamespaceFromCtx)
 TIMEOUT = (3.0, 10.0)  # connect, read: seconds per request
@@ -329,5 +331,5 @@ def open_client(kubeconfig: str) -> Client:
 def path_of(group: str, version: str, namespace: str, resource: str, name: str = "") -> str:
     """The REST path of a namespaced resource (collection when `name` is empty). Core group: ""."""
     root = f"/apis/{group}/{version}" if group else f"/api/{version}"
-    out = f"{root}/namespaces/{quote(namespace, safe='')}/{resource}"
-    return f"{out}/{quote(name, safe='')}" if name else out
+    out = f"{root}/namespaces/{quote(namespace)}/{resource}"
+    return f"{out}/{quote(name)}" if name else out

@@ -23,16 +23,16 @@ queue behind each other."""
 
 from __future__ import annotations
 
+import _thread  # not threading: its import costs every plugin call ~1 ms
 import contextlib
 import fcntl
-import hashlib
 import os
-import threading
 import time
 from collections.abc import Iterator
 
 from cni import jsonio, log
 from cni.errors import TryAgainError
+from ipam.digest import sha256
 
 # seconds without any holder making progress before a waiter gives up: longer than one attempt of a
 # live holder can take on an overloaded API server (a few requests, each up to its 10 s read timeout)
@@ -53,7 +53,7 @@ def private(path: str, flags: int) -> int:
 
 def write_private(path: str, data: bytes) -> None:
     """Replace `path` with `data` atomically (a 0600 temporary file beside it, then rename)."""
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{_thread.get_ident()}.tmp"
     try:
         with open(tmp, "wb", opener=private) as out:
             out.write(data)
@@ -65,7 +65,7 @@ def write_private(path: str, data: bytes) -> None:
 
 
 def path_for(directory: str, identity: str, node: str, pool: str) -> str:
-    digest = hashlib.sha256("\0".join((identity, node, pool)).encode()).hexdigest()[:32]
+    digest = sha256("\0".join((identity, node, pool)).encode()).hexdigest()[:32]
     return os.path.join(directory, f"{digest}.lock")
 
 
@@ -170,10 +170,7 @@ def held(path: str, patience: float = PATIENCE, limit: float = LIMIT) -> Iterato
         return
     try:
         try:
-            if threading.current_thread() is threading.main_thread():
-                _block(fd, patience, limit)
-            else:
-                _poll(fd, patience, limit)
+            _block(fd, patience, limit)  # or _poll, off the main thread
         except _NoProgress:
             raise TryAgainError(
                 f"node lock {path}: held elsewhere without progress for {patience:g}s"
@@ -225,7 +222,11 @@ def _block(fd: int, patience: float, limit: float) -> None:
         _progress(fd, seen, since, start, patience, limit)
 
     check = min(1.0, patience / 4)
-    previous = signal.signal(signal.SIGALRM, look)
+    try:
+        previous = signal.signal(signal.SIGALRM, look)
+    except ValueError:  # not the main thread (the agent's request threads): only it handles signals
+        _poll(fd, patience, limit)
+        return
     signal.setitimer(signal.ITIMER_REAL, check, check)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # restarted after each look() that returns (PEP 475)

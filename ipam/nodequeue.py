@@ -23,7 +23,6 @@ import contextlib
 import fcntl
 import ipaddress
 import os
-from typing import Any
 
 from cni import jsonio, log
 from cni.errors import CniError
@@ -31,6 +30,10 @@ from ipam import nodelock
 from ipam.batch import Claims, Op
 from ipam.model import Allocation
 from ipam.ranges import IPRange
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
+if TYPE_CHECKING:
+    from typing import Any
 
 SUFFIX, OUTCOME = ".req", ".out"
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 from cni import log
 from cni.errors import CniError, Code, ConfigError
@@ -27,6 +26,10 @@ from ipam.config import IpamConfig
 from ipam.retry import Retry, retrying
 from ipam.store.base import Store
 from ipam.store.nodeslices import NodeSlicePools, allocations, assigned, new_object, spec
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def pool_name_of(conf: IpamConfig, cni_name: str) -> str:

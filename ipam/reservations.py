@@ -9,7 +9,6 @@ import functools
 import ipaddress
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
 
 from cni import log
 from cni.errors import CniError
@@ -21,6 +20,10 @@ from ipam.ranges import IPRange
 from ipam.retry import Again, Retry, retrying
 from ipam.store.base import Conflict, Store
 from ipam.store.names import reservation_address, reservation_name
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class Reservations:

@@ -14,7 +14,6 @@ reconciler), labelled with the store of the IPAM call in progress."""
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 
@@ -22,6 +21,14 @@ from cni import metrics
 from cni.errors import TryAgainError
 from cni.types.valueclass import field, valueclass
 from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
+
+
+def _random() -> float:
+    """random.random(), the module imported on first use: only a retry (after a conflict) or a hot pool
+    needs a random number, and importing `random` (math, bisect, _sha2) costs every plugin call ~1 ms."""
+    import random
+
+    return random.random()
 
 
 @valueclass
@@ -33,7 +40,7 @@ class Retry:
     cap: float = 1.0
     clock: Callable[[], float] = field(default=time.monotonic, compare=False)
     sleep: Callable[[float], None] = field(default=time.sleep, compare=False)
-    rand: Callable[[], float] = field(default=random.random, compare=False)
+    rand: Callable[[], float] = field(default=_random, compare=False)
 
 
 class Again(Exception):

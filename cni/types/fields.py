@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import re
 
 from cni.errors import ConfigError
 
@@ -15,9 +14,25 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-_MAC = re.compile(r"^[0-9a-fA-F]{2}([:-])[0-9a-fA-F]{2}(\1[0-9a-fA-F]{2}){4}$")
-NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+# Checked without `re` (importing it and compiling a pattern cost every plugin call ~2.5 ms); the
+# patterns are what messages show. MAC: ^[0-9a-fA-F]{2}([:-])[0-9a-fA-F]{2}(\1[0-9a-fA-F]{2}){4}$
+NAME_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$"
+_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_NAME_CHARS = _ALNUM | frozenset("_.-")
+_HEX = frozenset("0123456789abcdefABCDEF")
 _TYPES = {str: "a string", int: "an integer", bool: "a boolean", dict: "an object", list: "a list"}
+
+
+def valid_name(text: str) -> bool:
+    """NAME_PATTERN matches the whole of `text` (re.fullmatch)."""
+    return bool(text) and text[0] in _ALNUM and _NAME_CHARS.issuperset(text)
+
+
+def _is_mac(text: str) -> bool:
+    """Six pairs of hex digits, all separated by ':' or all by '-' (the MAC pattern, fullmatch)."""
+    if len(text) != 17 or text[2] not in (":", "-"):
+        return False
+    return all(c == text[2] if i % 3 == 2 else c in _HEX for i, c in enumerate(text))
 
 
 def join(path: str, key: str | int) -> str:
@@ -82,7 +97,7 @@ def choice(d: dict[str, Any], key: str, path: str, choices: tuple[str, ...], def
 def mac(value: Any, path: str) -> str:
     """A unicast MAC in lower-case colon form."""
     typed(value, str, path)
-    if not _MAC.fullmatch(value):
+    if not _is_mac(value):
         raise ConfigError(f"{path}: not a MAC address: {show(value)}")
     text = str(value).lower().replace("-", ":")
     if int(text[:2], 16) & 1:
@@ -118,6 +133,6 @@ def network(value: Any, path: str) -> IPNetwork:
 
 def name(value: Any, path: str) -> str:
     typed(value, str, path)
-    if not NAME_RE.fullmatch(value):
-        raise ConfigError(f"{path}: invalid characters in {show(value)} (allowed: {NAME_RE.pattern})")
+    if not valid_name(value):
+        raise ConfigError(f"{path}: invalid characters in {show(value)} (allowed: {NAME_PATTERN})")
     return str(value)

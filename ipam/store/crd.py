@@ -26,12 +26,15 @@ What the schema cannot hold goes into annotations (unknown spec fields would be 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
-from typing import Any
 
 from cni import jsonio
+from ipam.digest import sha256
 from ipam.model import Allocation, Pool, Reservation
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
+if TYPE_CHECKING:
+    from typing import Any
 
 GROUP = "whereabouts.cni.cncf.io"
 API_VERSION = f"{GROUP}/v1alpha1"
@@ -44,7 +47,7 @@ OWNERS_BUDGET = 200 * 1024
 def fingerprint(a: Allocation) -> str:
     """Which allocation an owners entry was written for: its container id, podref and ifname."""
     text = f"{a.container_id}\n{a.podref}\n{a.ifname}".encode()
-    return hashlib.sha256(text).hexdigest()[:16]
+    return sha256(text).hexdigest()[:16]
 
 
 def owner_entry(a: Allocation) -> list[str] | None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
 
 from cni import jsonio
 from ipam.config import StoreConfig
@@ -35,6 +34,10 @@ from ipam.store.etcdgw import (
     tls_context,
     unb64,
 )
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
+if TYPE_CHECKING:
+    from typing import Any
 
 PREFIX = "/pycni/whereabouts/"
 POOLS, RESERVATIONS = "ippools/", "overlappingrangeipreservations/"

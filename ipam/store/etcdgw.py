@@ -19,18 +19,20 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
 import os
 import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlsplit
 
 from cni import jsonio, log
 from cni.errors import ConfigError
-from ipam.httpconn import Connection, describe
+from ipam.digest import sha256
+from ipam.httpconn import Connection, describe, split_url
 from ipam.store.base import StoreUnavailable
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
+if TYPE_CHECKING:
+    from typing import Any
 
 CONNECT_TIMEOUT = 2.0
 REQUEST_TIMEOUT = 10.0  # one read; writing a pool of 60,000 allocations (~10 MB) takes well under it
@@ -72,7 +74,7 @@ def parse_endpoints(text: str, tls: bool, field: str = "ipam.etcd_host") -> list
     for item in (x.strip() for x in text.split(",")):
         if not item:
             continue
-        url = urlsplit(item if "://" in item else f"{'https' if tls else 'http'}://{item}")
+        url = split_url(item if "://" in item else f"{'https' if tls else 'http'}://{item}")
         try:
             port = url.port or DEFAULT_PORT
         except ValueError:
@@ -116,7 +118,7 @@ class TokenCache:
 
     def __init__(self, directory: str, identity: Iterable[str]) -> None:
         self.directory = directory
-        digest = hashlib.sha256("\0".join(identity).encode()).hexdigest()[:24]
+        digest = sha256("\0".join(identity).encode()).hexdigest()[:24]
         self.name = f"etcd-token-{digest}"
 
     def _dir(self) -> int:

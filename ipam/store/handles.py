@@ -10,8 +10,8 @@ and opening one costs little."""
 
 from __future__ import annotations
 
+import _thread  # threading.Lock is _thread.allocate_lock; importing threading costs a call ~1 ms
 import contextlib
-import threading
 import time
 from collections.abc import Iterator
 
@@ -26,7 +26,7 @@ MAX_AGE_SECONDS = 300.0
 
 class _Cache:
     enabled = False
-    lock = threading.Lock()
+    lock = _thread.allocate_lock()
     idle: dict[StoreConfig, list[tuple[float, float, Store]]] = {}  # conf -> [(opened, last used, handle)]
 
 

@@ -18,10 +18,9 @@ acts as), so an access that the manifests do not grant fails in tests, not in a 
 
 from __future__ import annotations
 
-import threading
+import _thread  # threading.Lock is _thread.allocate_lock; importing threading costs a call ~1 ms
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any
 
 from cni import jsonio
 from cni.errors import CniError, Code
@@ -31,6 +30,10 @@ from ipam.kubeapi import ApiError, Busy, Client, Unreachable
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.store import crd
 from ipam.store.base import Conflict, Store, StoreBusy, StoreUnavailable
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
+if TYPE_CHECKING:
+    from typing import Any
 
 VERSION = "v1alpha1"
 POOLS, RESERVATIONS = "ippools", "overlappingrangeipreservations"
@@ -264,7 +267,7 @@ class _Known:
     that went stale costs one Conflict and the read it saved."""
 
     LIMIT = 65536
-    lock = threading.Lock()
+    lock = _thread.allocate_lock()
     entries: OrderedDict[tuple[str, str, str], Reservation] = OrderedDict()
 
     @classmethod

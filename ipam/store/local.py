@@ -16,17 +16,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import random
 import sqlite3
 import stat
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from ipam.config import StoreConfig
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.store.base import Conflict, Store, StoreUnavailable
 from ipam.store.localview import LocalView, num_of
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
+if TYPE_CHECKING:
+    from typing import Any
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT = 10.0
@@ -116,6 +118,8 @@ class LocalStore(Store):
                 # first users of a new database racing to switch it to WAL: SQLite can answer BUSY
                 # there without waiting (the busy handler does not cover every lock step); try again
                 if _busy(e) and time.monotonic() < deadline:
+                    import random  # here only (a rare race): importing it costs every call ~1 ms
+
                     time.sleep(0.005 + 0.02 * random.random())
                     continue
                 raise self._error(e) from None

@@ -16,12 +16,15 @@ Errors as in ipam.store.kube: no answer, 401/403, 429 and 5xx are StoreUnavailab
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 from cni.errors import CniError, Code
 from ipam import kubeapi, rbac
 from ipam.kubeapi import ApiError, Client, Unreachable
 from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
+if TYPE_CHECKING:
+    from typing import Any
 
 GROUP = "whereabouts.cni.cncf.io"
 API_VERSION = f"{GROUP}/v1alpha1"
