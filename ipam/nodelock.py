@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 from cni import jsonio, log
 from cni.errors import TryAgainError
-from ipam.digest import sha256
+from ipam.digest import sha256_hex
 
 # seconds without any holder making progress before a waiter gives up: longer than one attempt of a
 # live holder can take on an overloaded API server (a few requests, each up to its 10 s read timeout)
@@ -65,7 +65,7 @@ def write_private(path: str, data: bytes) -> None:
 
 
 def path_for(directory: str, identity: str, node: str, pool: str) -> str:
-    digest = sha256("\0".join((identity, node, pool)).encode()).hexdigest()[:32]
+    digest = sha256_hex("\0".join((identity, node, pool)).encode())[:32]
     return os.path.join(directory, f"{digest}.lock")
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cni import jsonio
-from ipam.digest import sha256
+from ipam.digest import sha256_hex
 from ipam.model import Allocation, Pool, Reservation
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
@@ -47,7 +47,7 @@ OWNERS_BUDGET = 200 * 1024
 def fingerprint(a: Allocation) -> str:
     """Which allocation an owners entry was written for: its container id, podref and ifname."""
     text = f"{a.container_id}\n{a.podref}\n{a.ifname}".encode()
-    return sha256(text).hexdigest()[:16]
+    return sha256_hex(text)[:16]
 
 
 def owner_entry(a: Allocation) -> list[str] | None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from cni import jsonio, log
 from cni.errors import ConfigError
-from ipam.digest import sha256
+from ipam.digest import sha256_hex
 from ipam.httpconn import Connection, describe, split_url
 from ipam.store.base import StoreUnavailable
 
@@ -118,7 +118,7 @@ class TokenCache:
 
     def __init__(self, directory: str, identity: Iterable[str]) -> None:
         self.directory = directory
-        digest = sha256("\0".join(identity).encode()).hexdigest()[:24]
+        digest = sha256_hex("\0".join(identity).encode())[:24]
         self.name = f"etcd-token-{digest}"
 
     def _dir(self) -> int:
