@@ -182,14 +182,19 @@ class Engine:
         one on the pool and no foreign write was seen lately: an ADD must see every entry of its pod,
         also one written outside this node's lock (upstream whereabouts during a migration), so its
         write then needs the whole pool still at the snapshot's version. A snapshot found stale on the
-        way (a candidate's reservation is newer than it, or a candidate failed on it) is no lost race:
-        the pool is read and the batch decided again (each op keeps the reservations it made)."""
+        way (a candidate's reservation is newer than it: the first such stops the pass before another
+        candidate is reserved; or an ADD failed on it) is no lost race: the pool is read and the batch
+        decided again (each op keeps the reservations it made, all of lowest free addresses)."""
         adds = any(op.kind == "add" for op in pending)
         trusted = not adds or (lock is not None and not hot and not lock.foreign())
         kept = self._kept_view(rng, lock) if trusted else None
         view = kept or self._view(rng)
         before = [(op.claims.lost, op.done) for op in pending]
-        changes, decided, claimed = self._decide_all(view, pending, hot)
+        stale = False
+        try:
+            changes, decided, claimed = self._decide_all(view, pending, hot, snapshot=kept is not None)
+        except _Stale:
+            stale = True
         if kept is None:
             if hot and claimed and not self.store.merges:
                 again = self._view(rng)
@@ -198,8 +203,9 @@ class Engine:
                     changes, decided, _ = self._decide_all(view, [op for op in pending if not op.done], hot)
             return view, changes, decided, False
         then = list(zip(pending, before, strict=True))
-        if adds and lock is not None and any(op.claims.lost > n or op.done > done for op, (n, done) in then):
-            lock.seen_foreign(HOT_SECONDS)
+        if stale or (adds and any(op.done > done for op, (_, done) in then)):
+            if lock is not None:
+                lock.seen_foreign(HOT_SECONDS)
             for op, (n, done) in then:
                 op.claims.lost, op.done = n, done
                 op.error = op.error if done else None
@@ -281,17 +287,18 @@ class Engine:
             lock.save(self.store.snapshot(name, version))
 
     def _decide_all(
-        self, view: PoolView, pending: list[Op], hot: bool | None
+        self, view: PoolView, pending: list[Op], hot: bool | None, snapshot: bool = False
     ) -> tuple[BatchView, list[Op], bool]:
         """Decide every op on `view`: (the changes, the ops decided, whether any reservation was created
-        on the way). An op's own failure is final for it."""
+        on the way). An op's own failure is final for it. On the node's `snapshot`, _Stale as soon as
+        a candidate's reservation shows it out of date."""
         changes = BatchView(view)
         decided = []
         created = sum(len(op.claims.created) for op in pending)
         for op in pending:
             try:
                 if op.kind == "add":
-                    self._decide_add(op, changes, hot)
+                    self._decide_add(op, changes, hot, snapshot)
                 else:
                     owned = changes.owned(op.owner)  # the entries as stored (reservations follow them)
                     changes.apply(PoolUpdate(remove=frozenset(k for k, _ in owned)))
@@ -304,7 +311,9 @@ class Engine:
             decided.append(op)
         return changes, decided, sum(len(op.claims.created) for op in pending) > created
 
-    def _decide_add(self, op: Op, changes: BatchView, hot: bool | None = None) -> None:
+    def _decide_add(
+        self, op: Op, changes: BatchView, hot: bool | None = None, snapshot: bool = False
+    ) -> None:
         # stores that serialise writers (exclusive()) never lose races: no spread there; a pool other
         # nodes are racing on (`hot`): each candidate is the lowest free address after a random point
         # of the range, so the nodes' writers stop meeting on the same few lowest addresses
@@ -324,6 +333,8 @@ class Engine:
                 try:
                     self.reservations.claim(op, decision, changes.version)
                 except Again:
+                    if snapshot and op.claims.lost > lost:
+                        raise _Stale() from None  # reserved after the snapshot was taken: read the pool
                     if op.claims.lost > lost:
                         op.started = self.retry.clock()  # lost to a racer: progress elsewhere
                         changes.hold(decision.offset)  # and no other op of this batch tries it again
@@ -437,6 +448,10 @@ class Engine:
                 errors.append(e)
         if errors:
             raise CniError("GC: " + "; ".join(e.msg for e in errors), code=int(errors[0].code))
+
+
+class _Stale(Exception):
+    """A decision on the node's snapshot met a reservation newer than it: decide on the pool as stored."""
 
 
 def _pace(lock: nodelock.Held) -> None:
