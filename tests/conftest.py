@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from cni.agent.client import SOCKET_ENV
 from tests import agentutil, kubeup, nsutil
+from tests.kubeapi import record
 
 ROOT_REASON = "needs root: creates network namespaces and links"
 
@@ -26,6 +27,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
         if not nsutil.is_root() and "root" in item.keywords:
             item.add_marker(skip)
+    # test_rbac.py checks the requests the other Kubernetes tests sent during this session: it runs last
+    last = [i for i in items if i.name == RBAC_CODE_CHECK and i.path.name == "test_rbac.py"]
+    items[:] = [i for i in items if i not in last] + last
+
+
+RBAC_CODE_CHECK = "test_the_code_sends_exactly_what_rbac_declares_and_the_manifests_grant"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every request the code sends through the Kubernetes client is recorded per test for test_rbac.py
+    (tests/kubeapi/record.py; its own child run, PYCNI_KUBEAPI_RECORD, records into a file instead)."""
+    if not os.environ.get(record.RECORD_ENV):
+        record.SESSION.install()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    with record.SESSION.during(item.nodeid):
+        return (yield)
 
 
 @pytest.fixture
