@@ -81,7 +81,9 @@ e2e: deps venv driver
 	$(VENV)/bin/pytest -q tests/e2e
 
 # Three passes: everything from source, then the integration and e2e suites against the frozen entries,
-# once in-process (no agent) and once through the frozen node-local agent (PYCNI_TEST_AGENT=1).
+# once in-process (no agent) and once through the frozen node-local agent (PYCNI_TEST_AGENT=1). The frozen
+# passes leave to the first what runs no frozen entry or only repeats a scenario at an older cniVersion
+# (tests/conftest.py frozen_selection; they print how many).
 test: deps venv driver lint bundle
 	$(VENV)/bin/pytest -q --durations=15 tests
 	PYCNI_PLUGIN_DIR=$(CURDIR)/dist/cni-bin $(VENV)/bin/pytest -q --durations=10 tests/integration tests/e2e

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from cni.agent.client import SOCKET_ENV
 from tests import agentutil, kubeup, nsutil
+from tests.kubeapi import record
 
 ROOT_REASON = "needs root: creates network namespaces and links"
 
@@ -26,6 +27,82 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
         if not nsutil.is_root() and "root" in item.keywords:
             item.add_marker(skip)
+    if os.environ.get("PYCNI_PLUGIN_DIR"):
+        frozen_selection(config, items)
+    # test_rbac.py checks the requests the other Kubernetes tests sent during this session: it runs last
+    last = [i for i in items if i.name == RBAC_CODE_CHECK and i.path.name == "test_rbac.py"]
+    items[:] = [i for i in items if i not in last] + last
+
+
+# The frozen passes (PYCNI_PLUGIN_DIR) run what a build can break: every plugin and tool call through the
+# frozen entries. They leave out what only re-runs the same Python (the source pass runs all of it):
+# - IN_PROCESS: tests that never start a plugin (they call cni.* in the test process, from source);
+# - the cniVersion matrices of NEWEST_VERSION_ONLY: each scenario there runs at the newest version its
+#   test takes (the version only changes which Python branch formats the result or refuses the command);
+#   each version's own path through the frozen entries stays in EVERY_VERSION (macvlan's round trip per
+#   version) and in the host-device and sriov per-version tests, which are not listed here.
+IN_PROCESS = ("tests/integration/test_ifconfig_announce.py", "tests/integration/test_vf_netlink.py")
+NEWEST_VERSION_ONLY = (
+    "tests/integration/macvlan/",
+    "tests/e2e/test_reference_parity.py",
+    "tests/e2e/test_beyond_reference.py",
+    "tests/e2e/test_failure_parity.py",
+    "tests/e2e/test_announce.py",
+)
+EVERY_VERSION = ("tests/integration/macvlan/test_roundtrip.py",)
+_LEFT_TO_THE_SOURCE_PASS: list[int] = []
+
+
+def frozen_selection(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from cni import spec
+
+    def rank(version: str) -> int:
+        return spec.SUPPORTED.index(version) if version in spec.SUPPORTED else -1
+
+    def matrix(item: pytest.Item) -> tuple[tuple[str, str], str] | None:
+        """(the test and its other parameters, its cniVersion) for a matrix item, else None."""
+        path = item.nodeid.split("::")[0]
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "version" not in params or not path.startswith(NEWEST_VERSION_ONLY) or path in EVERY_VERSION:
+            return None
+        others = ",".join(f"{k}={v}" for k, v in sorted(params.items()) if k != "version")
+        return (item.nodeid.split("[")[0], others), str(params["version"])
+
+    newest: dict[tuple[str, str], str] = {}
+    for item in items:
+        m = matrix(item)
+        if m is not None and (m[0] not in newest or rank(m[1]) > rank(newest[m[0]])):
+            newest[m[0]] = m[1]
+
+    def kept(item: pytest.Item) -> bool:
+        if item.nodeid.split("::")[0] in IN_PROCESS:
+            return False
+        m = matrix(item)
+        return m is None or newest[m[0]] == m[1]
+
+    left = [i for i in items if not kept(i)]
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = [i for i in items if kept(i)]
+        _LEFT_TO_THE_SOURCE_PASS.append(len(left))
+
+
+RBAC_CODE_CHECK = "test_the_code_sends_exactly_what_rbac_declares_and_the_manifests_grant"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every request the code sends through the Kubernetes client is recorded per test for test_rbac.py
+    (tests/kubeapi/record.py; its own child run, PYCNI_KUBEAPI_RECORD, records into a file instead)."""
+    if not os.environ.get(record.RECORD_ENV):
+        record.SESSION.install()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    with record.SESSION.during(item.nodeid):
+        return (yield)
 
 
 @pytest.fixture
@@ -113,6 +190,11 @@ def _agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _LEFT_TO_THE_SOURCE_PASS:
+        terminalreporter.write_line(
+            f"frozen pass: {_LEFT_TO_THE_SOURCE_PASS[0]} tests left to the source pass (deselected: they run"
+            " no frozen entry, or repeat a scenario at an older cniVersion; tests/conftest.py)"
+        )
     if _SERVED:
         terminalreporter.write_line(f"pycni agent: served {len(_SERVED)} requests")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ def ipam_tool(*argv: str) -> subprocess.CompletedProcess[str]:
     cmd = [str(frozen / "pycni-ipam")] if frozen else ["python3", "-m", "ipam"]
     env = {**os.environ, "PYTHONPATH": str(REPO)} if frozen is None else dict(os.environ)
     if frozen is None:
-        cmd[0] = str(REPO / ".venv" / "bin" / "python")
+        cmd[0] = sys.executable  # the virtualenv running the tests (a worktree has none of its own)
     return subprocess.run([*cmd, *argv], capture_output=True, text=True, timeout=120, env=env, check=False)
 
 

@@ -4,6 +4,7 @@ are ignored. The session-wide grep of every log line is tests/conftest.py (_no_s
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import sys
@@ -13,6 +14,8 @@ import pytest
 
 from bundler import install
 from cni import jsonio
+from ipam import engine
+from ipam.retry import Retry
 from tests.bundle_layouts import FAKE_EXE, fake_layout, opts
 from tests.conftest import SECRET_MARK
 from tests.hardening.conftest import TALLY
@@ -73,7 +76,12 @@ def test_local_store_files_are_private(lab: FuzzLab, tmp_path: Path) -> None:
 @pytest.mark.parametrize("exists", [False, True], ids=["victim-absent", "victim-present"])
 @pytest.mark.parametrize("suffix", ["", "-wal", "-shm", "-journal"])
 def test_local_store_refuses_planted_symlinks(lab: FuzzLab, tmp_path: Path, suffix: str,
-                                              exists: bool) -> None:
+                                              exists: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The refused link is an unavailable store, which the engine retries for its outage grace (3 s,
+    # ipam/retry.py; its length is tested in tests/unit/ipam/test_engine.py) before code 11. A planted
+    # link never goes away by itself: here the calls (in this process) give up after 0.1 s, the same
+    # retry path and the same answer, without waiting 3 s per call for nothing.
+    monkeypatch.setattr(engine, "Retry", functools.partial(Retry, outage=0.1))
     db = tmp_path / "state" / "whereabouts.db"
     conf = lab.conf("whereabouts", ipam=lab.ipam(local_db=str(db)))
     env = lab.env("ADD", CNI_CONTAINERID="sec-link")

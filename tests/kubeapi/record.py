@@ -1,20 +1,29 @@
-"""A pytest plugin for tests/kubeapi/test_rbac.py's child run (`-p tests.kubeapi.record`): with
-PYCNI_KUBEAPI_RECORD naming a file, every request the code sends through ipam.kubeapi.Client is
-appended to it as one JSON line [account, verb, group, resource, allowed]: the ServiceAccount its bearer
-token was issued for (the token's `sub`; other credentials are not recorded), the RBAC verb of the method
-and path, and whether the server let it through (anything but 403). The wrapper sits around the
-client's public `request` in this process only, so requests of plugin processes a test spawns are not
-seen; the real server enforces RBAC on those anyway. Only tests whose requests can be recorded run:
-those on the real server through the client (the `kube` fixture, or the contract suite's kubernetes
-variant), not the emulator's (its tokens name no ServiceAccount) nor those that only spawn processes
-or speak raw HTTP (NOT_THROUGH_THE_CLIENT)."""
+"""Which (verb, group, resource) the code sends through ipam.kubeapi.Client, per ServiceAccount, for
+tests/kubeapi/test_rbac.py: each request as one row [account, verb, group, resource, allowed]: the
+ServiceAccount its bearer token was issued for (the token's `sub`; other credentials are not recorded),
+the RBAC verb of the method and path, and whether the server let it through (anything but 403). The
+wrapper sits around the client's public `request` in the test process only, so requests of plugin
+processes a test spawns are not seen; the real server enforces RBAC on those anyway.
+
+Two ways to record, the same rows:
+- during the normal session (tests/conftest.py installs `SESSION`): each row is kept under the node id of
+  the test running when it was sent, so test_rbac.py (moved to the end of the session) checks the rows of
+  exactly the tests a child run would have selected, without running them a second time;
+- in a child pytest (`-p tests.kubeapi.record` with PYCNI_KUBEAPI_RECORD naming a file: rows appended
+  as JSON lines), for whatever of that selection the session did not run (all of it when test_rbac.py
+  runs alone).
+Only tests whose requests can be recorded are selected: those on the real server through the client
+(the `kube` fixture, or the contract suite's kubernetes variant), not the emulator's (its tokens name no
+ServiceAccount) nor those that only spawn processes or speak raw HTTP (NOT_THROUGH_THE_CLIENT)."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +67,7 @@ def verb_of(method: str, path: str, query: dict[str, Any] | None) -> tuple[str, 
     return verb, group, resource
 
 
-def _install(record: Path) -> None:
+def _install(sink: Callable[[list[Any]], None]) -> None:
     original = Client.request
 
     @functools.wraps(original)
@@ -75,9 +84,7 @@ def _install(record: Path) -> None:
             raise
         finally:
             if who:
-                row = [who, *verb_of(method, path, query), allowed]
-                with record.open("a") as fh:
-                    fh.write(json.dumps(row) + "\n")
+                sink([who, *verb_of(method, path, query), allowed])
 
     Client.request = request  # type: ignore[method-assign]
 
@@ -96,5 +103,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = kept
 
 
+def _append_to(record: Path) -> Callable[[list[Any]], None]:
+    def sink(row: list[Any]) -> None:
+        with record.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+    return sink
+
+
+class SessionRecorder:
+    """The rows of the normal session, per node id of the test (setup, call and teardown) during which
+    they were sent; `ran`: the node ids whose whole run protocol finished."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[list[Any]]] = {}
+        self.ran: set[str] = set()
+        self.current = ""
+        self.installed = False
+
+    def install(self) -> None:
+        if not self.installed:
+            _install(self._sink)
+            self.installed = True
+
+    def _sink(self, row: list[Any]) -> None:
+        if self.current:
+            self.rows.setdefault(self.current, []).append(row)
+
+    @contextlib.contextmanager
+    def during(self, nodeid: str) -> Iterator[None]:
+        self.current = nodeid
+        try:
+            yield
+        finally:
+            self.current = ""
+            self.ran.add(nodeid)
+
+
+SESSION = SessionRecorder()
+
 if os.environ.get(RECORD_ENV):
-    _install(Path(os.environ[RECORD_ENV]))
+    _install(_append_to(Path(os.environ[RECORD_ENV])))

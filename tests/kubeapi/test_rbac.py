@@ -5,10 +5,12 @@ the node's and the reconciler's ServiceAccount tokens (tests/kubeup.py `Tenant`)
   everything else: every verb on every resource the IPAM could touch, in the IPAM's namespace and in
   another one (the whereabouts objects are granted by Roles, pod reads by a ClusterRole);
 - every (verb, group, resource) the Kubernetes store and the pod source actually send, recorded per
-  account (tests/kubeapi/record.py wraps the client in a child pytest running the store contract
-  suite's kubernetes variant and tests/kubeapi), is exactly what ipam/rbac.py declares for that role
-  and what rbac.yaml grants: no more (the server refused nothing), and no less (a grant that no code
-  path uses is a grant to remove). The child run takes about as long as those tests."""
+  account while the store contract suite's kubernetes variant and tests/kubeapi run (tests/kubeapi/
+  record.py wraps the client), is exactly what ipam/rbac.py declares for that role and what rbac.yaml
+  grants: no more (the server refused nothing), and no less (a grant that no code path uses is a grant
+  to remove). The recording is the session's own (this test runs last, tests/conftest.py); whatever of
+  that selection the session did not run (all of it when this file runs alone) runs in a child pytest
+  that records the same way, taking about as long as those tests."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import Any
 
 from ipam import rbac
 from tests.kubeapi.emulator import load_rbac
-from tests.kubeapi.record import RECORD_ENV
+from tests.kubeapi.record import RECORD_ENV, SESSION
 from tests.kubeup import NODE_SA, RECONCILER_SA, ApiFailure, KubeServer, Tenant
 from tests.nsutil import REPO
 
@@ -93,28 +95,46 @@ def test_the_server_allows_each_account_exactly_what_is_declared(tenant: Tenant)
     assert (RECONCILER_SA, "get", "pods") in allowed_somewhere
 
 
-def test_the_code_sends_exactly_what_rbac_declares_and_the_manifests_grant(
-    kube: KubeServer, tmp_path: Path
-) -> None:
-    """(`kube`: skipped, saying why, where the real server cannot run; the child starts its own.)"""
-    record = tmp_path / "calls.jsonl"
+def child(*args: str, record: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """pytest with the recorder plugin (tests/kubeapi/record.py: it keeps only recordable tests), in
+    the repository, recording into `record` when given."""
+    env = {**os.environ, **({RECORD_ENV: str(record)} if record else {})}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", RECORDER, *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False,
+    )
+
+
+def selection() -> list[str]:
+    """The node ids of the tests whose requests are checked: the contract suite's kubernetes variant and
+    tests/kubeapi but this file, as far as the recorder can see them (record.py `recordable`)."""
     suites = [
         "tests/contract",
         "-k",
         "(kubernetes or kubeapi) and not real",  # the contract suite's kubernetes variant, tests/kubeapi
         *(str(p.relative_to(REPO)) for p in sorted(HERE.glob("test_*.py")) if p.name != Path(__file__).name),
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", RECORDER, *suites],
-        cwd=REPO,
-        env={**os.environ, RECORD_ENV: str(record)},
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    proc = child("--collect-only", *suites)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    ids = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert ids, proc.stdout[-3000:]
+    return ids
+
+
+def test_the_code_sends_exactly_what_rbac_declares_and_the_manifests_grant(
+    kube: KubeServer, tmp_path: Path
+) -> None:
+    """(`kube`: skipped, saying why, where the real server cannot run; the child starts its own.)"""
+    ids = selection()
+    rows = [row for nodeid in ids for row in SESSION.rows.get(nodeid, [])]
+    missing = [nodeid for nodeid in ids if nodeid not in SESSION.ran]
+    print(f"\nrbac: {len(ids) - len(missing)} of {len(ids)} recorded tests ran in this session, "
+          f"{len(missing)} in a child run")
+    if missing:
+        record = tmp_path / "calls.jsonl"
+        proc = child(*missing, record=record)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        rows += [json.loads(line) for line in record.read_text().splitlines()]
     issued: dict[str, set[tuple[str, str, str]]] = {}
     refused = set()
     for who, verb, group, resource, allowed in rows:
