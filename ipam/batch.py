@@ -44,6 +44,7 @@ class Op:
     offsets: list[int] = field(default_factory=list)  # add: [the address]
     freed: list[tuple[int, Allocation]] = field(default_factory=list)  # del: offsets and entries freed
     known: dict[str, str] = field(default_factory=dict)  # del: versions of the freed reservations, if known
+    released: bool = False  # del: its reservations were released in its batch (the agent)
     begun: float = 0.0  # when the op started
     started: float = 0.0  # when it last saw progress (its start, or a race lost to another writer)
     error: BaseException | None = None

@@ -102,10 +102,13 @@ class Engine:
         if self.lock_dir and not batch.sharing():  # a plugin process: share writes with the node's others
             path = nodelock.path_for(self.lock_dir, self.identity, ops[0].owner.node, name)
             ticket = nodequeue.publish(path, ops)
+        def execute(group: list[Op]) -> None:
+            self._retrying(what, lambda: self._step(name, group, ticket))
+            if batch.sharing():
+                self._release_freed(group)
+
         try:
-            batch.combiner((self.identity, name)).run(
-                ops, lambda group: self._retrying(what, lambda: self._step(name, group, ticket))
-            )
+            batch.combiner((self.identity, name)).run(ops, execute)
         finally:
             if ticket is not None and path is not None and not ticket.closed:
                 _withdraw(ticket, path)  # giving up: a holder may have decided it meanwhile
@@ -389,12 +392,31 @@ class Engine:
         """Release one range; False when the pool held nothing of this attachment."""
         op = Op("del", rng, owner, self.conf.overlapping)
         self._run([op])
-        if self.conf.overlapping:
-            for offset, held in op.freed:
-                name = self.reservation_name(rng, offset)
-                hint = Reservation(name, held, op.known[name]) if name in op.known else None
-                self.reservations.release(name, functools.partial(reserved_for, held=held), hint)
+        if not op.released:
+            self._release(op)
         return bool(op.freed)
+
+    def _release(self, op: Op) -> None:
+        """The reservations of the entries a DEL freed (overlapping ranges), after its pool write."""
+        op.released = True
+        if not op.overlapping:
+            return
+        for offset, held in op.freed:
+            name = self.reservation_name(op.rng, offset)
+            hint = Reservation(name, held, op.known[name]) if name in op.known else None
+            self.reservations.release(name, functools.partial(reserved_for, held=held), hint)
+
+    def _release_freed(self, group: list[Op]) -> None:
+        """In the agent, the batch's DELs release their reservations before the batch ends: its callers
+        then return together and their next calls meet in the next batch (a DEL's write is only the
+        PATCH; releases in each caller's own thread after it staggered the arrivals), and the batch's
+        duration, which paces the next write, includes them. An op's failure is its own."""
+        for op in group:
+            if op.kind == "del" and op.error is None and not op.released:
+                try:
+                    self._release(op)
+                except CniError as e:
+                    op.error = e
 
     def _release_where(self, rng: IPRange, doomed: Callable[[Allocation], bool]) -> list[int]:
         """Remove every allocation `doomed` picks from one pool (GC: reads the whole pool)."""

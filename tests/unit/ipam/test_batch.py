@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from cni.errors import TryAgainError
+from cni.errors import CniError, Code, TryAgainError
 from ipam import batch, nodelock
 from ipam.allocator import SnapshotView, allocate
 from ipam.batch import BatchView, Combiner, Op
 from ipam.config import from_dict
 from ipam.engine import Engine
-from ipam.model import Allocation, Pool, PoolUpdate
+from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.ranges import IPRange
 from ipam.store.memory import Backend, MemoryStore
 
@@ -353,3 +353,45 @@ def test_the_agents_combiners_are_paced_and_a_plugin_process_is_not(shared: None
     assert batch.combiner(("store", "pool")).pace == batch.PACE > 0
     batch.share(False)
     assert batch.combiner(("store", "pool")).pace == 0
+
+
+def test_the_agents_del_batch_releases_its_reservations_before_it_ends(shared: None, tmp_path: Path) -> None:
+    """In the agent a batch of DELs deletes the freed entries' reservations itself, after its write and
+    before its callers return (so they return together): every release is made by a batch runner, not
+    by each caller after the batch. One release failing is that call's error alone."""
+    backend = Backend()
+    n = 8
+    owners = [Allocation(f"c{i}", f"ns/p{i}", "net1", "", "n", "node1") for i in range(n)]
+    conf = from_dict({"range": RANGE, "datastore": "kubernetes", "kubernetes": {"kubeconfig": "/nonexistent"},
+                      "local_db": str(tmp_path / "db")})  # fmt: skip
+    releasers: set[int] = set()
+
+    class Releasing(GatedStore):
+        def delete_reservation(self, res: Reservation) -> None:
+            releasers.add(threading.get_ident())
+            if res.owner.container_id == "c3":
+                raise CniError("refused", code=Code.INTERNAL)
+            super().delete_reservation(res)
+
+    def engine(writes: list[int]) -> Engine:
+        e = Engine(Releasing(backend, writes, lambda: None, n), conf)
+        key = (e.identity, e.pool_name(conf.ranges[0]))
+        assert isinstance(e.store, GatedStore)
+        e.store.waiting = lambda: batch.combiner(key)
+        return e
+
+    _concurrently(n, lambda i: engine([]).add(owners[i]))
+    removed: list[int] = []
+    failed: list[str] = []
+
+    def delete(i: int) -> None:
+        try:
+            engine(removed).delete(owners[i])
+        except CniError as e:
+            failed.append(f"{owners[i].container_id}: {e.msg}")
+
+    _concurrently(n, delete)
+    assert backend.pools["198.51.100.0-24"].allocations == {} and len(removed) <= 2
+    assert failed == ["c3: refused"]
+    assert [r.owner.container_id for r in backend.reservations.values()] == ["c3"]
+    assert len(releasers) <= 2  # the batch runners (the first write, then the rest), not every caller
