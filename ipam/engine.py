@@ -147,31 +147,42 @@ class Engine:
             taken = self._from_queue(lock, ticket, len(pending))
             if taken is None:
                 return  # decided and written by another call on this node
-            began = time.monotonic()
-            pending += taken.ops
-            hot = None if lock is None else lock.hot()
-            lost = sum(op.claims.lost for op in pending)
-            view, changes, decided, cached = self._decide_batch(rng, lock, pending, hot)
-            if lock is not None and sum(op.claims.lost for op in pending) > lost:
-                lock.heat(HOT_SECONDS)  # races lost to other nodes: the next calls here spread at once
-            version = view.version
-            update = changes.update()
-            if cached and any(op.kind == "add" for op in decided):
-                update = PoolUpdate(put=update.put, remove=update.remove, whole=True)
-            if update and (view.version is not None or update.put):
-                try:
-                    version = self._commit(view, update)
-                except Conflict:
-                    if lock is not None and update.whole:  # written since the snapshot: read it for a while
-                        lock.seen_foreign(HOT_SECONDS)
-                    elif lock is not None:
-                        lock.heat(HOT_SECONDS)  # another node wrote this pool meanwhile
-                    raise
-                faults.point("store-commit")  # tests: inside the store transaction, before it ends
-            self._keep_view(lock, name, version)
-            if lock is not None:
-                lock.took(time.monotonic() - began)
-            self._done(lock, ticket, decided, taken)
+            try:
+                self._locked_step(name, rng, lock, ticket, pending, taken)
+            except BaseException:
+                nodequeue.hand_back(taken)
+                raise
+
+    def _locked_step(
+        self, name: str, rng: IPRange, lock: nodelock.Held | None, ticket: nodequeue.Ticket | None,
+        pending: list[Op], taken: nodequeue.Taken,
+    ) -> None:  # fmt: skip
+        """_step's attempt under the node lock, `taken` the other calls' operations it serves."""
+        began = time.monotonic()
+        pending += taken.ops
+        hot = None if lock is None else lock.hot()
+        lost = sum(op.claims.lost for op in pending)
+        view, changes, decided, cached = self._decide_batch(rng, lock, pending, hot)
+        if lock is not None and sum(op.claims.lost for op in pending) > lost:
+            lock.heat(HOT_SECONDS)  # races lost to other nodes: the next calls here spread at once
+        version = view.version
+        update = changes.update()
+        if cached and any(op.kind == "add" for op in decided):
+            update = PoolUpdate(put=update.put, remove=update.remove, whole=True)
+        if update and (view.version is not None or update.put):
+            try:
+                version = self._commit(view, update)
+            except Conflict:
+                if lock is not None and update.whole:  # written since the snapshot: read it for a while
+                    lock.seen_foreign(HOT_SECONDS)
+                elif lock is not None:
+                    lock.heat(HOT_SECONDS)  # another node wrote this pool meanwhile
+                raise
+            faults.point("store-commit")  # tests: inside the store transaction, before it ends
+        self._keep_view(lock, name, version)
+        if lock is not None:
+            lock.took(time.monotonic() - began)
+        self._done(lock, ticket, decided, taken)
         for op in decided:
             if op.kind == "add":
                 log.debug("%s %s: %s (%s)", op.owner.container_id, op.owner.ifname,

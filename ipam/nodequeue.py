@@ -115,6 +115,23 @@ class Taken:
                 log.debug("node queue: outcome for %s not left: %s", path, e.strerror)
 
 
+def hand_back(taken: Taken) -> None:
+    """After a failed write, under the lock: the reservations this holder made for the calls it took go
+    back to them, in an outcome that leaves their operations undone (no holder takes them again): each
+    call decides for itself when it gets the lock, preferring those addresses, and drops what it does
+    not end up with. Without it a call that got the lock before the holder's retry would not know of
+    them, and a reservation would be left without an allocation."""
+    for path, ops in taken.calls:
+        if not any(op.claims.created for op in ops) or not os.path.exists(path):
+            continue
+        undone = [{**_outcome(op), "done": False, "error": None, "offsets": [], "freed": [], "known": {},
+                   "lost": 0} for op in ops]  # fmt: skip
+        try:
+            nodelock.write_private(path[: -len(SUFFIX)] + OUTCOME, jsonio.dumps(undone))
+        except OSError as e:
+            log.debug("node queue: reservations for %s not handed back: %s", path, e.strerror)
+
+
 def take(ticket: Ticket | None, room: int) -> Taken:
     """The live requests waiting beside `ticket`'s (at most `room` operations), not yet answered."""
     taken = Taken()

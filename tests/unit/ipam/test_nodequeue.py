@@ -107,3 +107,26 @@ def test_a_retry_after_a_failed_write_takes_the_same_operations_with_their_reser
     assert theirs.answered() and theirs.ops[0].claims.created == {"198.51.100.10": "7"}
     theirs.close()
     mine.close()
+
+
+def test_a_failed_holder_hands_the_reservations_it_made_back_to_their_calls(tmp_path: Path) -> None:
+    """The holder's write failed: the calls it took get the reservations made for them (undone, so each
+    decides for itself preferring them, and drops what it does not keep); no holder takes them again."""
+    lock = str(tmp_path / "x.lock")
+    theirs = nodequeue.publish(lock, ranges()[:1])
+    quiet = nodequeue.publish(lock, ranges()[:1])
+    mine = nodequeue.publish(lock, [Op("add", ranges()[0].rng, B, True)])
+    assert theirs is not None and quiet is not None and mine is not None
+    taken = nodequeue.take(mine, 128)
+    first, second = taken.ops
+    first.claims.created["198.51.100.10"], first.claims.mine["198.51.100.10"] = "7", 10
+    first.claims.lost, first.offsets = 2, [10]
+    nodequeue.hand_back(taken)
+    assert not theirs.answered()
+    [op] = theirs.ops
+    assert (op.done, op.offsets, op.claims.created, op.claims.mine) == (
+        False, [], {"198.51.100.10": "7"}, {"198.51.100.10": 10})  # fmt: skip
+    assert not theirs.answered() and op.claims.lost == 0  # read twice: nothing counted twice
+    assert [t.owner for t in nodequeue.take(mine, 128).ops] == [second.owner]  # made nothing for it
+    for t in (theirs, quiet, mine):
+        t.close()
