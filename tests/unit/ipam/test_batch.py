@@ -380,7 +380,8 @@ def test_the_agents_del_batch_releases_its_reservations_before_it_ends(shared: N
         e.store.waiting = lambda: batch.combiner(key)
         return e
 
-    _concurrently(n, lambda i: engine([]).add(owners[i]))
+    added: list[int] = []  # one list per phase: only the phase's first write waits for the others
+    _concurrently(n, lambda i: engine(added).add(owners[i]))
     removed: list[int] = []
     failed: list[str] = []
 
