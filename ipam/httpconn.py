@@ -40,7 +40,7 @@ class Closed(ConnectionResetError):
 
 
 # urllib.parse costs every plugin call ~1 ms to import: the URLs, path segments and queries of our
-# requests take these small equivalents (tests/unit/ipam/test_httpconn_url.py compares them with it).
+# requests take these small equivalents (tests/unit/ipam/test_lean_imports.py compares them with it).
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
 _HOST_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 _PATH_CHARS = _HOST_CHARS | frozenset("/~")

@@ -44,6 +44,18 @@ def test_a_del_after_this_nodes_add_reads_nothing(tenant: Tenant, tmp_path: Path
     assert offset == 1
 
 
+def _b_written_elsewhere_after_a(tenant: Tenant, tmp: Path) -> None:
+    """A added by this node, then B's entry (offset 9) and reservation by another writer."""
+    engine, _ = _engine(tenant, tmp)
+    engine.add(A)
+    other = open_kube(tenant.node)
+    pool = other.get_pool(POOL)
+    assert pool is not None
+    other.put_reservation(Reservation("198.51.100.9", B))
+    other.commit_pool(pool, PoolUpdate(put={"9": B}))
+    other.close()
+
+
 def test_an_add_after_this_nodes_write_reads_nothing(tenant: Tenant, tmp_path: Path) -> None:
     """No other node raced this one on the pool: the next ADD decides on the snapshot the last write
     left (no GET) and writes with the whole pool's version as a precondition."""
@@ -62,13 +74,7 @@ def test_an_add_on_a_pool_written_elsewhere_since_reads_it_and_finds_its_entry(
     whereabouts on this node during a migration): an ADD of B decided on the snapshot would give B a
     second address; its write needs the pool unchanged, so it is a Conflict, the pool is read and B
     keeps the address it has. The reservation the first attempt made is dropped."""
-    engine, _ = _engine(tenant, tmp_path)
-    engine.add(A)
-    other = open_kube(tenant.node)
-    pool = other.get_pool(POOL)
-    assert pool is not None
-    other.put_reservation(Reservation("198.51.100.9", B))
-    other.commit_pool(pool, PoolUpdate(put={"9": B}))
+    _b_written_elsewhere_after_a(tenant, tmp_path)
     again, sent = _engine(tenant, tmp_path)
     [(_, offset)] = again.add(B)
     assert offset == 9 and ("GET", "ippools") in _sent(sent)
@@ -82,13 +88,7 @@ def test_an_entry_the_snapshot_lacks_is_read_and_freed(tenant: Tenant, tmp_path:
     """B's entry and reservation were written by another writer after this node's last write (as
     upstream whereabouts would on this node during a migration): the DEL looks at the stored pool
     before concluding there is nothing to free, and frees both."""
-    engine, _ = _engine(tenant, tmp_path)
-    engine.add(A)
-    other = open_kube(tenant.node)
-    pool = other.get_pool(POOL)
-    assert pool is not None
-    other.put_reservation(Reservation("198.51.100.9", B))
-    other.commit_pool(pool, PoolUpdate(put={"9": B}))
+    _b_written_elsewhere_after_a(tenant, tmp_path)
     again, sent = _engine(tenant, tmp_path)
     again.delete(B)
     assert ("GET", "ippools") in _sent(sent)

@@ -16,7 +16,7 @@ from cni.errors import CniError, Code, TryAgainError
 from ipam import batch, nodelock
 from ipam.allocator import SnapshotView, allocate
 from ipam.batch import BatchView, Combiner, Op
-from ipam.config import from_dict
+from ipam.config import IpamConfig, from_dict
 from ipam.engine import Engine
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.ranges import IPRange
@@ -109,6 +109,14 @@ class GatedStore(CountingStore):
         return super().commit_pool(pool, update)
 
 
+def _gated(store: GatedStore, conf: IpamConfig) -> Engine:
+    """An engine on `store`, whose first write waits for the engine's combiner of the pool."""
+    e = Engine(store, conf)
+    key = (e.identity, e.pool_name(conf.ranges[0]))
+    store.waiting = lambda: batch.combiner(key)
+    return e
+
+
 def test_concurrent_calls_in_one_process_share_writes(shared: None, tmp_path: Path) -> None:
     backend = Backend()
     n = 24
@@ -117,11 +125,7 @@ def test_concurrent_calls_in_one_process_share_writes(shared: None, tmp_path: Pa
                       "local_db": str(tmp_path / "db")})  # fmt: skip
 
     def engine(writes: list[int]) -> Engine:
-        e = Engine(GatedStore(backend, writes, lambda: None, n), conf)
-        key = (e.identity, e.pool_name(conf.ranges[0]))
-        assert isinstance(e.store, GatedStore)
-        e.store.waiting = lambda: batch.combiner(key)
-        return e
+        return _gated(GatedStore(backend, writes, lambda: None, n), conf)
 
     writes: list[int] = []
 
@@ -374,11 +378,7 @@ def test_the_agents_del_batch_releases_its_reservations_before_it_ends(shared: N
             super().delete_reservation(res)
 
     def engine(writes: list[int]) -> Engine:
-        e = Engine(Releasing(backend, writes, lambda: None, n), conf)
-        key = (e.identity, e.pool_name(conf.ranges[0]))
-        assert isinstance(e.store, GatedStore)
-        e.store.waiting = lambda: batch.combiner(key)
-        return e
+        return _gated(Releasing(backend, writes, lambda: None, n), conf)
 
     added: list[int] = []  # one list per phase: only the phase's first write waits for the others
     _concurrently(n, lambda i: engine(added).add(owners[i]))
