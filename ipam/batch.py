@@ -45,6 +45,7 @@ class Op:
     freed: list[tuple[int, Allocation]] = field(default_factory=list)  # del: offsets and entries freed
     known: dict[str, str] = field(default_factory=dict)  # del: versions of the freed reservations, if known
     released: bool = False  # del: its reservations were released in its batch (the agent)
+    reread: bool = False  # a write of its batch failed: the next attempt reads the pool as stored
     begun: float = 0.0  # when the op started
     started: float = 0.0  # when it last saw progress (its start, or a race lost to another writer)
     error: BaseException | None = None

@@ -57,12 +57,13 @@ class Engine:
     def _retrying[T](self, what: str, attempt: Callable[[], T]) -> T:
         return retrying(self.retry, what, attempt)
 
-    def _view(self, rng: IPRange) -> PoolView:
-        """The pool as allocation sees it: the store's own view (inside `exclusive()`), else a snapshot."""
+    def _view(self, rng: IPRange, floor: str = "") -> PoolView:
+        """The pool as allocation sees it: the store's own view (inside `exclusive()`), else a snapshot
+        (with a `floor` version: possibly from a cache, at least that new)."""
         name = self.pool_name(rng)
         view: PoolView | None = self.store.view_pool(name)
         if view is None:
-            pool = self.store.get_pool(name)
+            pool = self.store.recent_pool(name, floor) if floor else self.store.get_pool(name)
             view = None if pool is None else SnapshotView(pool)
         if view is None:
             return SnapshotView(Pool(name, rng.cidr))
@@ -173,6 +174,8 @@ class Engine:
             try:
                 version = self._commit(view, update)
             except Conflict:
+                for op in pending:
+                    op.reread = True  # not a cached read next time: it may not hold what we met
                 if lock is not None and update.whole:  # written since the snapshot: read it for a while
                     lock.seen_foreign(HOT_SECONDS)
                 elif lock is not None:
@@ -198,11 +201,17 @@ class Engine:
         write then needs the whole pool still at the snapshot's version. A snapshot found stale on the
         way (a candidate's reservation is newer than it: the first such stops the pass before another
         candidate is reserved; or an ADD failed on it) is no lost race: the pool is read and the batch
-        decided again (each op keeps the reservations it made, all of lowest free addresses)."""
+        decided again (each op keeps the reservations it made, all of lowest free addresses).
+
+        Without a usable snapshot the pool is read at least as new as this node's last write of it
+        (the lock's `floor`: the store may answer from a cache, which holds every write of this node);
+        an ADD that fails or a DEL that finds nothing there, and every attempt after a failed write,
+        reads the pool as stored."""
         adds = any(op.kind == "add" for op in pending)
         trusted = not adds or (lock is not None and not hot and not lock.foreign())
         kept = self._kept_view(rng, lock) if trusted else None
-        view = kept or self._view(rng)
+        floor = "" if kept or lock is None or any(op.reread for op in pending) else lock.floor()
+        view = kept or self._view(rng, floor)
         before = [(op.claims.lost, op.done) for op in pending]
         stale = False
         try:
@@ -215,10 +224,14 @@ class Engine:
                 if again.version != view.version:
                     view = again
                     changes, decided, _ = self._decide_all(view, [op for op in pending if not op.done], hot)
-            return view, changes, decided, False
+            failed = adds and any(op.done > done for op, (_, done) in zip(pending, before, strict=True))
+            if not floor or not (failed or any(op.kind == "del" and not op.freed for op in decided)):
+                return view, changes, decided, False
+            # an ADD failed or a DEL found nothing on the cached read: what it lacked may be newer than
+            # the cache (written outside this node's lock): decide again on the pool as stored
         then = list(zip(pending, before, strict=True))
         if stale or (adds and any(op.done > done for op, (_, done) in then)):
-            if lock is not None:
+            if lock is not None and kept is not None:
                 lock.seen_foreign(HOT_SECONDS)
             for op, (n, done) in then:
                 op.claims.lost, op.done = n, done
@@ -299,6 +312,7 @@ class Engine:
     def _keep_view(self, lock: nodelock.Held | None, name: str, version: str | None) -> None:
         if lock is not None and version is not None:
             lock.save(self.store.snapshot(name, version))
+            lock.keep_floor(version)
 
     def _decide_all(
         self, view: PoolView, pending: list[Op], hot: bool | None, snapshot: bool = False

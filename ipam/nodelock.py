@@ -39,6 +39,7 @@ from ipam.digest import sha256_hex
 PATIENCE = 60.0
 LIMIT = 120.0  # absolute bound on one wait (upstream whereabouts' ADD limit)
 KNOWN_MAX = 4096  # reservations remembered per pool and node (Held.reservations)
+VERSION_BYTES = 24  # Held.floor: an etcd revision has at most 19 digits
 POLL = (0.001, 0.02)  # first and longest sleep between tries when polling, seconds
 
 
@@ -78,7 +79,8 @@ class Held:
     writers of this pool on this node should expect contention (bytes 8-16, a wall-clock deadline in
     milliseconds): a call that lost a race to another node says so, and the calls after it on this
     node spread their candidates at once instead of each losing the same races again. Bytes 16-32 pace
-    the node's writes of the pool (last_write, took); bytes 32-40 whether others wrote it lately (foreign).
+    the node's writes of the pool (last_write, took); bytes 32-40 whether others wrote it lately (foreign);
+    bytes 40-64 the pool's version after the node's last write (floor: any holder may read it).
 
     Beside the lock, `<lock>.snap` keeps the pool as the last holder's write left it (the store's
     answer to that write), stamped with that holder's counter value. The next holder can start from
@@ -106,6 +108,17 @@ class Held:
 
     def seen_foreign(self, seconds: float) -> None:
         os.pwrite(self.fd, int((time.time() + seconds) * 1000).to_bytes(8, "little"), 32)
+
+    def floor(self) -> str:
+        """The pool's version as this node last wrote it ("" if none kept): the pool as stored now is
+        that version or newer, so a read served from a cache at least that new sees every write of this
+        node (store.recent_pool)."""
+        return os.pread(self.fd, VERSION_BYTES, 40).rstrip(b"\0").decode("ascii", "replace")
+
+    def keep_floor(self, version: str) -> None:
+        data = version.encode("ascii", "replace")
+        if len(data) <= VERSION_BYTES:  # a longer (opaque) version is simply not kept
+            os.pwrite(self.fd, data.ljust(VERSION_BYTES, b"\0"), 40)
 
     def last_write(self) -> tuple[float, float]:
         """The node's previous write of the pool (bytes 16-32, wall-clock milliseconds): how long it took

@@ -51,6 +51,7 @@ def _shared() -> Path:
 SHARED = _shared()
 UPSTREAM = SHARED / "upstream"
 RBAC_YAML = REPO / "bundler" / "manifests" / "rbac.yaml"
+FLOWCONTROL_YAML = REPO / "bundler" / "manifests" / "flowcontrol.yaml"
 ABSENT_REASON = f"{UPSTREAM} is absent (the real kube-apiserver and upstream binaries live there)"
 NODE_SA, RECONCILER_SA = "pycni-node", "pycni-reconciler"
 SHIPPED_NAMESPACE = "pycni-system"
@@ -210,6 +211,19 @@ class KubeServer:
             out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
         return out
 
+    def storage_counts(self) -> dict[tuple[str, str], float]:
+        """etcd_requests_total per (operation, resource): what the server asked etcd. A write of an
+        object that changed under it since its cache saw it is an update that failed, a get and the
+        update again (the server redoes the whole write)."""
+        out: dict[tuple[str, str], float] = {}
+        for line in self.metrics().splitlines():
+            if not line.startswith("etcd_requests_total{"):
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line[: line.rindex("}")]))
+            key = (labels.get("operation", ""), labels.get("resource", ""))
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
+
     def cpu_seconds(self) -> float:
         """CPU time (user + system) the API server process has used so far."""
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -220,11 +234,16 @@ class Tenant:
     """One namespace set up as shipped: RBAC from bundler/manifests/rbac.yaml, the node's and the
     reconciler's ServiceAccounts, and a tokenFile kubeconfig for each (0600, in `where`)."""
 
-    def __init__(self, server: KubeServer, where: Path, prefix: str = "t") -> None:
+    def __init__(self, server: KubeServer, where: Path, prefix: str = "t", flowcontrol: bool = False) -> None:
+        """`flowcontrol`: with bundler/manifests/flowcontrol.yaml as shipped too (a priority level of the
+        server's for this namespace's pool writes: the benchmark, the scale test and the test of the
+        manifest itself; the others leave the server's priority levels as they are)."""
         self.server = server
         self.namespace = server.namespace(prefix)
         where.mkdir(parents=True, exist_ok=True)
-        server.apply(shipped_rbac(self.namespace))
+        server.apply(shipped(RBAC_YAML, self.namespace))
+        if flowcontrol:
+            server.apply(shipped(FLOWCONTROL_YAML, self.namespace))
         self.kubeconfigs: dict[str, Path] = {}
         for sa in (NODE_SA, RECONCILER_SA):
             server.service_account(self.namespace, sa)
@@ -282,16 +301,18 @@ class Tenant:
                 raise
 
 
-def shipped_rbac(namespace: str) -> str:
-    """bundler/manifests/rbac.yaml for `namespace`: the namespace substituted, cluster-scoped names
-    (ClusterRole, ClusterRoleBinding) suffixed with it. Rules and subjects are left as shipped."""
-    text = RBAC_YAML.read_text()
+def shipped(manifest: Path, namespace: str) -> str:
+    """A manifest of bundler/manifests (rbac.yaml, flowcontrol.yaml) for `namespace`: the namespace
+    substituted, the names of cluster-scoped objects (ClusterRole, ClusterRoleBinding, FlowSchema,
+    PriorityLevelConfiguration) and the references to them suffixed with it. Rules and subjects are left
+    as shipped."""
     out = []
-    for doc in text.split("\n---\n"):
+    for doc in manifest.read_text().split("\n---\n"):
         named = doc
-        if re.search(r"^kind: Cluster", doc, re.M):
-            # metadata.name and (bindings) roleRef.name sit at two spaces; subjects' names deeper
-            named = re.sub(r"^(  name: pycni-[a-z]+)$", rf"\1-{namespace}", doc, flags=re.M)
+        if re.search(r"^kind: (Cluster|FlowSchema|PriorityLevelConfiguration)", doc, re.M):
+            # metadata.name, roleRef.name and priorityLevelConfiguration.name; subjects' names deeper
+            names = r"^(  name: pycni-[a-z-]+|  priorityLevelConfiguration:\n    name: pycni-[a-z-]+)$"
+            named = re.sub(names, rf"\1-{namespace}", doc, flags=re.M)
         out.append(named.replace(SHIPPED_NAMESPACE, namespace))
     return "\n---\n".join(out)
 

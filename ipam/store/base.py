@@ -145,3 +145,8 @@ class Store(Protocol):
     def known_reservation(self, name: str) -> Reservation | None:
         """Reservation `name` as this process last wrote or read it (possibly stale); None: unknown."""
         return None
+
+    def recent_pool(self, name: str, version: str) -> Pool | None:
+        """Pool `name` at `version` or newer, possibly from the server's cache a moment behind the
+        store (cheaper to serve than get_pool's read of the store itself). Default: get_pool."""
+        return self.get_pool(name)

@@ -430,17 +430,24 @@ class PhaseReport:
     agent_served: int | None
     problems: list[str] = field(default_factory=list)
     load_avg: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # etcd requests for pools ("update ippools", "get ippools"): a write of a pool that changed under
+    # the server since its cache saw it costs a failed update, a get and the update again
+    etcd_split: dict[str, float] = field(default_factory=dict)
 
 
-def measure(server: kubeup.KubeServer) -> tuple[dict[tuple[str, str, str], float], float]:
-    return server.request_counts(), server.cpu_seconds()
+Measured = tuple[dict[tuple[str, str, str], float], float, dict[tuple[str, str], float]]
+
+
+def measure(server: kubeup.KubeServer) -> Measured:
+    """(API requests by verb, resource and code; the server's CPU seconds; its etcd requests)."""
+    return server.request_counts(), server.cpu_seconds(), server.storage_counts()
 
 
 def report(impl: Impl, wl: Workload, phase: str, calls: list[Call], wall: float, planned: int,
-           before: tuple[dict[tuple[str, str, str], float], float],
-           after: tuple[dict[tuple[str, str, str], float], float], problems: list[str],
-           served: int | None) -> PhaseReport:
+           before: Measured, after: Measured, problems: list[str], served: int | None) -> PhaseReport:
     delta = {k: v - before[0].get(k, 0.0) for k, v in after[0].items() if v - before[0].get(k, 0.0) > 0}
+    storage = {f"{op} {res}": v - before[2].get((op, res), 0.0) for (op, res), v in after[2].items()
+               if res == "ippools" and v - before[2].get((op, res), 0.0) > 0}  # fmt: skip
     resource = {k: v for k, v in delta.items() if k[1]}
     split: dict[str, float] = {}
     for (verb, res, code), v in resource.items():
@@ -463,7 +470,7 @@ def report(impl: Impl, wl: Workload, phase: str, calls: list[Call], wall: float,
         sum(v for k, v in resource.items() if k[2] == "422"),
         sum(v for k, v in resource.items() if k[2] >= "400" and k[2] not in ("409", "422", "404")),
         dict(sorted(split.items(), key=lambda kv: -kv[1])), after[1] - before[1],
-        sum(failures.values()), dict(failures.most_common(10)), served, problems, os.getloadavg(),
+        sum(failures.values()), dict(failures.most_common(10)), served, problems, os.getloadavg(), storage,
     )
 
 
@@ -749,6 +756,11 @@ def details(reports: list[PhaseReport]) -> str:
         per = ", ".join(f"{k} {v / max(1, r.attempted):.2f}" for k, v in r.api_split.items()
                         if v / max(1, r.attempted) >= 0.01)
         lines.append(f"- {r.impl} {r.mode} {r.phase} (load {r.load_avg[0]:.1f}): API per attachment: {per}")
+        writes = sum(v for k, v in r.api_split.items() if k.split()[0] in ("PATCH", "PUT", "POST")
+                     and k.split()[1] == "ippools")  # fmt: skip
+        if writes and r.etcd_split:
+            etcd = ", ".join(f"{k} {v / writes:.2f}" for k, v in sorted(r.etcd_split.items()))
+            lines.append(f"  - etcd requests per pool write: {etcd}")
         lines += [f"  - failure x{n}: {msg}" for msg, n in r.failure_messages.items()]
         lines += [f"  - check: {p}" for p in r.problems[:10]]
     return "\n".join(lines)
@@ -783,6 +795,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, help="seconds per phase (default 600; scenario 313: 240)")
     ap.add_argument("--single", type=int, default=20, help="uncontended ADDs per implementation (0: none)")
     ap.add_argument("--source", action="store_true", help="pycni from source, not dist/cni-bin")
+    ap.add_argument("--no-flowcontrol", action="store_true",
+                    help="without bundler/manifests/flowcontrol.yaml (pycni's pool writes not queued "
+                         "by the server)")
     ap.add_argument("--json", type=Path, default=REPO / "dist" / "bench" / "ipam-scale.json")
     args = ap.parse_args(argv)
     if args.scenario == "313":
@@ -815,7 +830,8 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()
     print(f"{os.cpu_count()} CPUs, load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
           f"{args.pods} pods x {args.networks} networks on {args.nodes} nodes, {args.concurrency} at once; "
-          f"budget {budget:.0f} s per phase; pycni {'from source' if bundle is None else bundle}")
+          f"budget {budget:.0f} s per phase; pycni {'from source' if bundle is None else bundle}"
+          f"{'; without flowcontrol.yaml' if args.no_flowcontrol else ''}")
     reports: list[PhaseReport] = []
     singles: dict[str, dict[str, Any]] = {}
     slice_notes: dict[str, dict[str, Any]] = {}
@@ -831,7 +847,8 @@ def main(argv: list[str] | None = None) -> int:
                         wl = Workload(args.pods, args.networks, args.nodes, args.concurrency, mode, budget,
                                       slice_controller=args.slices_by == "controller")
                         where = scratch / label / mode
-                        tenant = kubeup.Tenant(server, where / "kube", prefix="scale")
+                        tenant = kubeup.Tenant(server, where / "kube", prefix="scale",
+                                               flowcontrol=not args.no_flowcontrol)
                         print(f"  {label} {mode} in namespace {tenant.namespace} ...", flush=True)
                         notes: dict[str, Any] = {}
                         rs = run_workload(impl, wl, tenant, where, prefix=f"{n:x}{modes.index(mode):x}",
@@ -848,7 +865,8 @@ def main(argv: list[str] | None = None) -> int:
                                   flush=True)
                     if args.single:
                         where = scratch / label / "single"
-                        tenant = kubeup.Tenant(server, where / "kube", prefix="single")
+                        tenant = kubeup.Tenant(server, where / "kube", prefix="single",
+                                               flowcontrol=not args.no_flowcontrol)
                         singles[label] = uncontended(impl, tenant, where, args.single, f"{n:x}f")
                 finally:
                     impl.close()

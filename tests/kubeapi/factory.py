@@ -169,12 +169,14 @@ class CountingClient(Client):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sent: list[tuple[str, str]] = []
+        self.queries: list[dict[str, Any] | None] = []  # each request's query, in the order of `sent`
 
     def request(
         self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
         content_type: str = "",
     ) -> dict[str, Any]:
         self.sent.append((method, path))
+        self.queries.append(query)
         return super().request(method, path, body, query, content_type)
 
 

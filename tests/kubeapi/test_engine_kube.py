@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ipam import nodelock
 from ipam.config import from_dict
 from ipam.engine import Engine
 from ipam.model import Allocation, PoolUpdate, Reservation
@@ -82,6 +83,29 @@ def test_an_add_on_a_pool_written_elsewhere_since_reads_it_and_finds_its_entry(
     assert set(tenant.reservations()) == {"198.51.100.1", "198.51.100.9"}
     [(_, offset)] = _engine(tenant, tmp_path)[0].add(A)  # a foreign write was seen: read, not the snapshot
     assert offset == 1
+
+
+def test_a_hot_add_reads_the_pool_from_the_servers_cache_no_older_than_this_nodes_write(
+    tenant: Tenant, tmp_path: Path
+) -> None:
+    """Another node raced this one lately (the pool is hot): the ADD reads the pool, as a GET with the
+    resourceVersion of this node's last write (the API server answers from its watch cache once that
+    holds it, instead of reading etcd), and sees that write and the other writer's."""
+    _b_written_elsewhere_after_a(tenant, tmp_path)
+    engine, _ = _engine(tenant, tmp_path)
+    lock = nodelock.path_for(engine.lock_dir, engine.identity, "node-1", POOL)
+    with nodelock.held(lock) as held:
+        assert held is not None
+        floor = held.floor()
+        held.heat(60)
+    store, client = counting_store(tenant.node)
+    again = Engine(store, engine.conf)
+    c = Allocation("c" * 64, "ns/c", "net1", "uid-c", "blue", "node-1")
+    [(_, offset)] = again.add(c)
+    reads = [q for (method, path), q in zip(client.sent, client.queries, strict=True)
+             if method == "GET" and path.split("/")[6] == "ippools"]  # fmt: skip
+    assert floor and reads[:1] == [{"resourceVersion": floor}]
+    assert offset not in (1, 9) and set(tenant.pools()[POOL]) == {"1", "9", str(offset)}
 
 
 def test_an_entry_the_snapshot_lacks_is_read_and_freed(tenant: Tenant, tmp_path: Path) -> None:

@@ -286,6 +286,29 @@ def test_commit_after_a_foreign_write_merges_other_entries_and_conflicts_on_its_
         two.close()
 
 
+def test_a_recent_read_is_at_least_as_new_as_asked_and_never_fails_for_a_version_it_lacks(
+    tenant: Tenant,
+) -> None:
+    """recent_pool asks for the pool at a version or newer (served from the server's watch cache): it
+    holds every write up to that version. A version the server has not reached (a node's floor from
+    before its etcd was restored) costs the server's 3 s wait, then the pool as stored."""
+    store, client = counting_store(tenant.node)
+    try:
+        create(store, {"1": A})
+        pool = store.get_pool(POOL)
+        assert pool is not None and pool.version is not None
+        version = store.commit_pool(pool, PoolUpdate(put={"2": B}))
+        got = store.recent_pool(POOL, version)
+        assert got is not None and got.allocations == {"1": A, "2": B} and got.version == version
+        del client.sent[:], client.queries[:]
+        ahead = str(int(version) + 1000)
+        got = store.recent_pool(POOL, ahead)
+        assert got is not None and got.version == version
+        assert client.queries == [{"resourceVersion": ahead}, None]  # the 504, then the stored pool
+    finally:
+        store.close()
+
+
 # ---- object compatibility (the emulator's schema enforcement: tests/kubeapi/test_emulator_parity.py) --
 
 

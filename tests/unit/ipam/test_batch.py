@@ -396,3 +396,80 @@ def test_the_agents_del_batch_releases_its_reservations_before_it_ends(shared: N
     assert failed == ["c3: refused"]
     assert [r.owner.container_id for r in backend.reservations.values()] == ["c3"]
     assert len(releasers) <= 2  # the batch runners (the first write, then the rest), not every caller
+
+
+class LaggingStore(MemoryStore):
+    """A memory store with a cache that may lag: `recent_pool` answers `lagged` while the test sets one
+    (the pool as it was a moment ago), else the pool as stored. Records which read served each call."""
+
+    def __init__(self, backend: Backend) -> None:
+        super().__init__(backend)
+        self.lagged: Pool | None = None
+        self.reads: list[tuple[str, str]] = []
+
+    def get_pool(self, name: str) -> Pool | None:
+        self.reads.append(("stored", ""))
+        return super().get_pool(name)
+
+    def recent_pool(self, name: str, version: str) -> Pool | None:
+        self.reads.append(("recent", version))
+        return self.lagged if self.lagged is not None else MemoryStore.get_pool(self, name)
+
+
+def _lagging(backend: Backend, tmp_path: Path) -> tuple[Engine, LaggingStore]:
+    conf = from_dict({"range": RANGE, "datastore": "kubernetes", "kubernetes": {"kubeconfig": "/nonexistent"},
+                      "local_db": str(tmp_path / "state" / "ipam.db")})  # fmt: skip
+    store = LaggingStore(backend)
+    return Engine(store, conf), store
+
+
+def test_a_read_without_a_snapshot_asks_for_the_pool_no_older_than_this_nodes_last_write(
+    tmp_path: Path,
+) -> None:
+    """The node lock keeps the pool's version after the node's write (its floor): a later batch that
+    must read the pool lets the store answer from a cache at least that new."""
+    backend = Backend()
+    e, store = _lagging(backend, tmp_path)
+    e.add(A)
+    floor = backend.pools["198.51.100.0-24"].version
+    store.reads.clear()
+    assert e.add(B)[0][1] == 2
+    assert store.reads == [("recent", floor)]
+    lock = nodelock.path_for(str(tmp_path / "state" / "pool-locks"), e.identity, "node1", "198.51.100.0-24")
+    with nodelock.held(lock) as held:
+        assert held is not None and held.floor() == backend.pools["198.51.100.0-24"].version
+
+
+def test_a_del_that_finds_nothing_in_a_cached_read_reads_the_pool_as_stored(tmp_path: Path) -> None:
+    """B's entry was written outside this node's lock after its last write, and the cache does not
+    hold it yet: the DEL does not conclude there is nothing to free before reading the stored pool."""
+    backend = Backend()
+    e, store = _lagging(backend, tmp_path)
+    e.add(A)
+    store.lagged = MemoryStore(backend).get_pool("198.51.100.0-24")  # the cache stays here
+    other = MemoryStore(backend)
+    pool = other.get_pool("198.51.100.0-24")
+    assert pool is not None
+    other.commit_pool(pool, PoolUpdate(put={"9": B}))
+    store.reads.clear()
+    e.delete(B)
+    assert [kind for kind, _ in store.reads] == ["recent", "stored"]
+    assert set(backend.pools["198.51.100.0-24"].allocations) == {"1"}
+
+
+def test_after_a_failed_write_the_next_attempt_reads_the_pool_as_stored(tmp_path: Path) -> None:
+    """A write decided on a cached read that no longer fits fails; the retry does not ask the cache
+    again (it may still lack what the write met) but reads the pool as stored."""
+    backend = Backend()
+    e, store = _lagging(backend, tmp_path)
+    e.add(A)
+    store.lagged = MemoryStore(backend).get_pool("198.51.100.0-24")
+    other = MemoryStore(backend)
+    pool = other.get_pool("198.51.100.0-24")
+    assert pool is not None
+    other.commit_pool(pool, PoolUpdate(put={"2": C}))  # the version the cache answers is gone
+    store.reads.clear()
+    assert e.add(B)[0][1] not in (1, 2)  # (the lost write heated the pool: a scattered candidate)
+    kinds = [kind for kind, _ in store.reads]
+    assert kinds[0] == "recent" and kinds[1:] and set(kinds[1:]) == {"stored"}
+    assert len(backend.pools["198.51.100.0-24"].allocations) == 3
