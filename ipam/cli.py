@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from cni import jsonio, metrics
 from cni.errors import CniError, ConfigError
 from ipam import config
-from ipam.model import Pool, PoolUpdate
+from ipam.model import Allocation, Attachment, Pool, PoolUpdate, by_attachment, joined
 from ipam.store.base import Store
 from ipam.store.names import pool_name, reservation_name
 
@@ -141,8 +141,11 @@ def cmd_show(store: Store, name: str, out: TextIO) -> int:
         raise ConfigError(f"pool {name}: not found")
     rows = [("IP", "POD", "IFNAME", "CONTAINER", "POD UID", "NETWORK", "NODE")]
     keys = sorted(pool.allocations, key=lambda k: (len(k), k))
+    extras: dict[Attachment, Allocation] = {}
+    if any(not a.has_extras() for a in pool.allocations.values()):  # a lean pool's: on the reservations
+        extras = by_attachment(r.owner for r in store.iter_reservations())
     for key in keys:
-        a = pool.allocations[key]
+        a = joined(pool.allocations[key], extras)
         rows.append(
             (
                 address_of(pool, key),

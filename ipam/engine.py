@@ -14,7 +14,7 @@ import functools
 import ipaddress
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from cni import faults, log
 from cni.errors import CheckError, CniError, Code, TryAgainError
@@ -22,7 +22,7 @@ from ipam import allocator, batch, nodelock, nodequeue
 from ipam.allocator import SnapshotView
 from ipam.batch import BatchView, Claims, Op
 from ipam.config import IpamConfig
-from ipam.model import Allocation, Pool, PoolUpdate, PoolView, Reservation
+from ipam.model import Allocation, Attachment, Pool, PoolUpdate, PoolView, Reservation, by_attachment, joined
 from ipam.ranges import IPRange
 from ipam.reservations import Reservations, reserved_for
 from ipam.retry import Again, Retry, retrying
@@ -46,6 +46,10 @@ class Engine:
         self.identity = f"{s.datastore}|{s.kubernetes.kubeconfig}|{s.etcd.host}|{s.local_db}"
         cluster = s.datastore in CLUSTER_STORES
         self.lock_dir = os.path.join(os.path.dirname(s.local_db), "pool-locks") if cluster else ""
+        # pool entries without pycni's extras (pod UID, network, node) where every entry's reservation
+        # carries them: on the Kubernetes store they are a per-entry annotation of the pool object, which
+        # every write of it pays for (README: IPAM at scale); readers join them back (ipam.model.joined)
+        self.lean = conf.overlapping and s.datastore == "kubernetes"
         self.reservations = Reservations(store, conf, self.retry, self.pool_name, self._atomic)
 
     def pool_name(self, rng: IPRange) -> str:
@@ -373,7 +377,10 @@ class Engine:
                         ) from None
                     continue
                 faults.point("store-reserve")  # tests: the address reserved, the pool not yet written
-            changes.apply(decision.update)
+            update = decision.update
+            if self.lean and update.put:  # the reservation claimed above holds the extras
+                update = PoolUpdate(put={k: a.bare() for k, a in update.put.items()}, remove=update.remove)
+            changes.apply(update)
             op.offsets = [decision.offset]
             return
 
@@ -443,13 +450,16 @@ class Engine:
                 except CniError as e:
                     op.error = e
 
-    def _release_where(self, rng: IPRange, doomed: Callable[[Allocation], bool]) -> list[int]:
-        """Remove every allocation `doomed` picks from one pool (GC: reads the whole pool)."""
+    def _release_where(
+        self, rng: IPRange, doomed: Callable[[Allocation], bool], extras: Mapping[Attachment, Allocation]
+    ) -> list[int]:
+        """Remove every allocation `doomed` picks from one pool (GC: reads the whole pool), an entry
+        without extras judged by its reservation's (`extras`)."""
         with self._atomic():
             pool = self.store.get_pool(self.pool_name(rng))
             if pool is None:
                 return []
-            remove = frozenset(k for k, a in pool.allocations.items() if doomed(a))
+            remove = frozenset(k for k, a in pool.allocations.items() if doomed(joined(a, extras)))
             if remove:
                 self.store.commit_pool(pool, PoolUpdate(remove=remove))
             return [int(k) for k in remove if k.isdigit()]
@@ -480,14 +490,21 @@ class Engine:
             return a.network == network and a.node == node and (a.container_id, a.ifname) not in valid
 
         errors: list[CniError] = []
-        for rng in self.conf.ranges:
+        owners: dict[str, Allocation] = {}
+        if self.conf.overlapping:  # listed first: pool entries without extras are judged by them
             try:
-                self._retrying(f"GC in {rng.cidr}", lambda rng=rng: self._release_where(rng, stale))  # type: ignore[misc]
+                owners = {r.name: r.owner for r in self.store.iter_reservations()}
             except CniError as e:
                 errors.append(e)
-        if self.conf.overlapping:
+        extras = by_attachment(owners.values())
+        for rng in self.conf.ranges:
             try:
-                doomed = [r.name for r in self.store.iter_reservations() if stale(r.owner)]
+                self._retrying(f"GC in {rng.cidr}", lambda rng=rng: self._release_where(rng, stale, extras))  # type: ignore[misc]
+            except CniError as e:
+                errors.append(e)
+        if self.conf.overlapping and owners:
+            try:
+                doomed = [name for name, owner in owners.items() if stale(owner)]
                 for name in doomed:
                     if not self.reservations.held(name):
                         self.reservations.release(name, stale)

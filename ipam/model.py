@@ -9,12 +9,15 @@
 `Allocation.container_id/podref/ifname` are the CRD fields `id/podref/ifname`. `pod_uid`, `network` and
 `node` have no place in the CRD schema (unknown fields are pruned); the Kubernetes store keeps them in
 annotations (ipam.store.crd: the pool's `pycni.io/o-<offset>`, the reservation's `pycni.io/*`). Objects
-written by upstream whereabouts simply lack them ("" here), and every consumer must cope with that."""
+written by upstream whereabouts simply lack them ("" here), and every consumer must cope with that. With
+overlapping ranges on the Kubernetes store, pool entries are written without them (`Allocation.bare`):
+the entry's reservation carries them, and GC, the reconciler and `pycni-ipam show` join them back
+(`joined`)."""
 
 from __future__ import annotations
 
 from collections import namedtuple
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 
 from cni.types.valueclass import field, valueclass
 
@@ -53,6 +56,38 @@ class Allocation(_Fields):
     def same_pod_interface(self, other: Allocation) -> bool:
         """Same pod and interface (a kubelet re-ADD with a new sandbox); needs a pod reference."""
         return bool(self.podref) and self.podref == other.podref and self.ifname == other.ifname
+
+    def bare(self) -> Allocation:
+        """Without pycni's extras: what a pool entry holds where its reservation carries them (lean pools,
+        ipam.engine)."""
+        return Allocation(self.container_id, self.podref, self.ifname)
+
+    def has_extras(self) -> bool:
+        """Whether it carries any of pycni's extras (pod UID, network, node)."""
+        return bool(self.pod_uid or self.network or self.node)
+
+    @property
+    def attachment(self) -> Attachment:
+        return self.container_id, self.ifname
+
+
+Attachment = tuple[str, str]  # (container id, ifname): Allocation.same_attachment's key
+
+
+def by_attachment(owners: Iterable[Allocation]) -> dict[Attachment, Allocation]:
+    """Reservation owners by attachment, those with extras only: what `joined` looks entries up in."""
+    return {o.attachment: o for o in owners if o.container_id and o.has_extras()}
+
+
+def joined(entry: Allocation, extras: Mapping[Attachment, Allocation]) -> Allocation:
+    """A pool entry with the extras its attachment's reservation carries, when the entry has none (a lean
+    pool's, or upstream's: whose reservations name no container, so nothing matches)."""
+    if entry.has_extras():
+        return entry
+    owner = extras.get(entry.attachment)
+    if owner is None:
+        return entry
+    return entry._replace(pod_uid=owner.pod_uid, network=owner.network, node=owner.node)
 
 
 @valueclass

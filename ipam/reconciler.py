@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from cni import log, metrics
 from cni.errors import CniError
-from ipam.model import Allocation, Pool, PoolUpdate, Reservation
+from ipam.model import Allocation, Pool, PoolUpdate, Reservation, joined
 from ipam.podsource import PodInfo, PodSource, PodSourceError
 from ipam.ranges import usable_bounds
 from ipam.store.base import Conflict, Store
@@ -65,6 +65,7 @@ class Reconciler:
         self._cache_size = cache
         # every pool seen in this run: (name, network_name, range); one line per pool, not per address
         self._pools: list[tuple[str, str, ipaddress.IPv4Network | ipaddress.IPv6Network]] = []
+        self._late_entries = 0  # entries freed in the reservation pass (judged by their reservation)
 
     def _lookup(self, namespace: str, name: str) -> PodInfo | None:
         key = (namespace, name)
@@ -92,6 +93,7 @@ class Reconciler:
     def run(self) -> Report:
         self._cache.clear()
         self._pools.clear()
+        self._late_entries = 0
         report = Report()
         started, seen, ok = time.monotonic(), set(), False
         from_pools: int | None = None  # freed allocations, once every pool is done
@@ -106,7 +108,7 @@ class Reconciler:
             ok = not report.errors
             return report
         finally:
-            allocations = report.freed if from_pools is None else from_pools
+            allocations = report.freed if from_pools is None else from_pools + self._late_entries
             freed = {"allocation": allocations, "reservation": report.freed - allocations}
             metrics.sink().reconciled(time.monotonic() - started, ok, freed)
 
@@ -162,27 +164,56 @@ class Reconciler:
         report.errors.append(f"pool {pool.name}: gave up after {CAS_TRIES} conflicts")
         return 0
 
-    def _holder(self, name: str) -> Allocation | None:
+    def _holder(self, name: str) -> tuple[Pool, str, Allocation] | None:
         """The pool entry that holds the address reservation `name` names, read afresh (pools seen in
-        this run). A reservation whose owner is gone but whose address is held protects that entry
-        (upstream whereabouts takes an entry over for a re-ADD, or for a pod recreated under the same
-        name, and leaves the reservation as it was): it stays."""
+        this run): (pool, key, entry). A reservation whose owner is gone but whose address is held
+        protects that entry (upstream whereabouts takes an entry over for a re-ADD, or for a pod
+        recreated under the same name, and leaves the reservation as it was): it stays."""
         for pool_name, network_name, net in self._pools:
             ip = reservation_address(name, network_name, net.version)
             if ip is None or ipaddress.ip_address(ip) not in net:
                 continue
             pool = self.store.get_pool(pool_name)
-            offset = int(ipaddress.ip_address(ip)) - int(net.network_address)
-            held = None if pool is None else pool.allocations.get(str(offset))
-            if held is not None:
-                return held
+            key = str(int(ipaddress.ip_address(ip)) - int(net.network_address))
+            held = None if pool is None else pool.allocations.get(key)
+            if pool is not None and held is not None:
+                return pool, key, held
         return None
+
+    def _judged_by(self, entry: Allocation, owner: Allocation) -> bool:
+        """Whether a pool entry the pool pass kept is this reservation's attachment without extras of its
+        own, the reservation having them (a lean pool: ipam.model.joined): the pool pass judged it by its
+        pod name alone (alive), the reservation's pod UID says the pod was recreated."""
+        return (not entry.has_extras() and owner.has_extras() and entry.same_attachment(owner)
+                and self._judge(entry, Report()) is None)  # fmt: skip
+
+    def _entry_of(self, res: Reservation, reason: str, holder: tuple[Pool, str, Allocation],
+                  report: Report) -> bool:  # fmt: skip
+        """The entry holding a gone reservation's address is judged by it (`_judged_by`): it is gone too
+        and is freed with it (compare-and-swap, as in the pool pass). False when it changed meanwhile:
+        both stay."""
+        pool, key, entry = holder
+        report.found += 1
+        net = ipaddress.ip_network(pool.range, strict=False)
+        self.on_finding(Finding("allocation", pool.name, str(net.network_address + int(key)),
+                                joined(entry, {entry.attachment: res.owner}), reason))  # fmt: skip
+        if self.dry_run:
+            return True
+        freed = self._release(pool, {key: entry}, report)
+        report.freed += freed
+        self._late_entries += freed
+        return freed > 0
 
     def _reservation(self, res: Reservation, report: Report) -> None:
         reason = self._judge(res.owner, report)
         if reason is None:
             return
-        held = self._holder(res.name)
+        holder = self._holder(res.name)
+        if holder is not None and self._judged_by(holder[2], res.owner):
+            if not self._entry_of(res, reason, holder, report):
+                return
+            holder = None
+        held = None if holder is None else holder[2]
         # a dry run freed nothing: a holder that is gone too would have been freed
         if held is not None and (not self.dry_run or self._judge(held, Report()) is None):
             report.skipped += 1

@@ -78,8 +78,10 @@ def test_add_check_del_dual_stack(tenant: Tenant, tmp_path: Path) -> None:
     store = open_kube(node_kubeconfig)
     try:
         pool = store.get_pool("198.51.100.0-29")
-        assert pool is not None and pool.allocations["1"].pod_uid == f"uid-{P1.cid}"
-        assert pool.allocations["1"].node == "node-1" and pool.allocations["1"].network == "blue"
+        assert pool is not None and not pool.allocations["1"].has_extras()  # on the reservation (lean)
+        res = store.get_reservation("198.51.100.1")
+        assert res is not None and res.owner.pod_uid == f"uid-{P1.cid}"
+        assert res.owner.node == "node-1" and res.owner.network == "blue"
         assert {r.name for r in store.iter_reservations()} == {
             "198.51.100.1", "198.51.100.2", "2001-db8--1", "2001-db8--2"}  # fmt: skip
         assert call("DEL", conf, P1)[0] == 0
@@ -126,6 +128,34 @@ def test_gc_releases_what_is_not_valid(tenant: Tenant, tmp_path: Path) -> None:
         pool = store.get_pool("198.51.100.0-29")
         assert pool is not None and [a.container_id for a in pool.allocations.values()] == [P2.cid]
         assert [r.name for r in store.iter_reservations()] == ["198.51.100.2"]
+    finally:
+        store.close()
+
+
+def test_pool_entries_leave_their_extras_to_their_reservations(tenant: Tenant, tmp_path: Path) -> None:
+    """With overlapping ranges (the default) a pool entry is written without pycni's per-entry owners
+    annotation: its reservation carries the pod UID, network and node, and whoever needs them joins
+    them back (GC above, the reconciler below, `pycni-ipam show` here). Without overlapping ranges
+    there is no reservation: the pool keeps them."""
+    for sub in ("lean", "plain"):
+        (tmp_path / sub).mkdir()
+    lean = conf_for(tenant.node, tmp_path / "lean", range="198.51.100.0/29")
+    plain = conf_for(tenant.node, tmp_path / "plain", range="198.51.100.8/29",
+                     enable_overlapping_ranges=False)
+    assert call("ADD", lean, P1, uid="uid-one")[0] == 0
+    assert call("ADD", plain, P2, uid="uid-two")[0] == 0
+    notes = {o["metadata"]["name"]: o["metadata"].get("annotations") or {} for o in tenant.objects("ippools")}
+    assert not [k for k in notes["198.51.100.0-29"] if k.startswith("pycni.io/o-")]
+    assert [k for k in notes["198.51.100.8-29"] if k.startswith("pycni.io/o-")] == ["pycni.io/o-1"]
+    [res] = tenant.objects("overlappingrangeipreservations")
+    assert res["metadata"]["annotations"] == {"pycni.io/pod-uid": "uid-one", "pycni.io/network": "blue",
+                                              "pycni.io/node": "node-1"}  # fmt: skip
+    store = open_kube(tenant.reconciler, role=rbac.RECONCILER)
+    try:
+        for pool, uid in (("198.51.100.0-29", "uid-one"), ("198.51.100.8-29", "uid-two")):
+            out = io.StringIO()
+            assert cli.cmd_show(store, pool, out) == 0
+            assert uid in out.getvalue() and "node-1" in out.getvalue(), out.getvalue()
     finally:
         store.close()
 

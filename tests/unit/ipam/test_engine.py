@@ -3,6 +3,7 @@ outage, conflicts under a deadline, overlapping-range reservations, CHECK and GC
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from cni.errors import CheckError, CniError, Code, ExhaustedError, TryAgainError
 from ipam.config import from_dict
 from ipam.engine import Engine, Retry
-from ipam.model import Allocation, Pool, PoolUpdate, Reservation
+from ipam.model import Allocation, Pool, PoolUpdate, Reservation, by_attachment, joined
 from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
 from ipam.store.memory import Backend, MemoryStore
 
@@ -262,8 +263,20 @@ def test_check() -> None:
         e.check(A)
 
 
-def test_gc_releases_only_its_networks_stale_attachments_on_this_node() -> None:
-    e = make(DUAL)
+def lean_engine(tmp_path: Path, ipam: dict[str, Any]) -> Engine:
+    """An engine configured for the Kubernetes store (lean pools with overlapping ranges) on a memory
+    store, its node locks in tmp_path."""
+    conf = from_dict({**ipam, "datastore": "kubernetes", "kubernetes": {"kubeconfig": "/nonexistent"},
+                      "local_db": str(tmp_path / "state" / "ipam.db")})  # fmt: skip
+    clock = Clock()
+    return Engine(MemoryStore(Backend()), conf, Retry(clock=clock, sleep=clock.sleep, rand=lambda: 0.5))
+
+
+@pytest.mark.parametrize("lean", [False, True], ids=["extras-in-pool", "lean-pool"])
+def test_gc_releases_only_its_networks_stale_attachments_on_this_node(lean: bool, tmp_path: Path) -> None:
+    """Lean pools (the Kubernetes store with overlapping ranges): the entries carry no extras, GC judges
+    them by their reservations'."""
+    e = lean_engine(tmp_path, DUAL) if lean else make(DUAL)
     keep = A
     stale = B
     other_net = B._replace(container_id="co", podref="ns/o", network="netB")
@@ -271,9 +284,26 @@ def test_gc_releases_only_its_networks_stale_attachments_on_this_node() -> None:
     legacy = Allocation("cl", "ns/l", "net1")
     for who in (keep, stale, other_net, other_node, legacy):
         e.add(who)
+    for name in ("198.51.100.0-24", "2001-db8---64"):
+        pool = e.store.get_pool(name)
+        assert pool is not None and len(pool.allocations) == 5
+        assert lean == (not any(a.has_extras() for a in pool.allocations.values()))
     e.gc("netA", "node1", {("ca", "net1")})
     for name in ("198.51.100.0-24", "2001-db8---64"):
         pool = e.store.get_pool(name)
         assert pool is not None
         assert {a.container_id for a in pool.allocations.values()} == {"ca", "co", "cn", "cl"}
     assert {r.owner.container_id for r in e.store.iter_reservations()} == {"ca", "co", "cn", "cl"}
+
+
+def test_an_entry_without_extras_takes_those_of_its_attachments_reservation() -> None:
+    """ipam.model.joined: only an entry with no extras of its own, only from a reservation of the same
+    attachment (container id and ifname) that has extras; upstream's reservations name no container."""
+    upstream = Allocation("", "ns/b", "net1")  # an upstream reservation: no container id, no extras
+    extras = by_attachment([A, upstream, Allocation("cc", "ns/c", "net1")])
+    assert list(extras) == [("ca", "net1")]
+    assert joined(A.bare(), extras) == A
+    assert joined(A.bare()._replace(podref="ns/renamed"), extras) == A._replace(podref="ns/renamed")
+    assert joined(B.bare(), extras) == B.bare()  # no reservation of its attachment
+    assert joined(A._replace(container_id="cx"), extras).container_id == "cx"  # extras of its own: as is
+    assert joined(Allocation("ca", "ns/a", "net2"), extras) == Allocation("ca", "ns/a", "net2")
