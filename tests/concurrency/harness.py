@@ -86,18 +86,25 @@ def check(
 ) -> tuple[list[str], dict[tuple[str, str, str], list[str]]]:
     """Problems found, and who holds what: {(network, cid, ifname): [ip, ...]}. Checks that no IP is held
     twice (across overlapping pools too), every allocation is inside its range and has its
-    reservation (overlapping on), and every reservation belongs to an allocation."""
+    reservation (overlapping on), and every reservation belongs to an allocation. An entry without a
+    network (the Kubernetes store with overlapping ranges writes entries without pycni's extras) is
+    attributed to the network its reservation names."""
     problems: list[str] = []
     held: dict[str, tuple[str, str, str]] = {}
     owners: dict[tuple[str, str, str], list[str]] = {}
     expected_res: dict[str, tuple[str, str]] = {}
+    stored = {r.name: r.owner for r in store.iter_reservations()}
     for conf in confs:
         ipam = from_dict(conf["ipam"])
         for rng in ipam.ranges:
             pool = store.get_pool(pool_name(rng.cidr, ipam.network_name))
             for key, a in pool.allocations.items() if pool else ():
                 ip = str(rng.address(int(key)))
-                who = (a.network, a.container_id, a.ifname)
+                network = a.network
+                if not network and ipam.overlapping:  # a lean pool's entry: its reservation names it
+                    res = stored.get(reservation_name(ip, ipam.network_name))
+                    network = res.network if res is not None and res.same_attachment(a) else ""
+                who = (network, a.container_id, a.ifname)
                 if not rng.allocatable(int(ipaddress.ip_address(ip))):
                     problems.append(f"{ip} of {who} is not allocatable in {rng.cidr}")
                 if ip in held and held[ip] != who:
@@ -111,7 +118,7 @@ def check(
                 owners.setdefault(who, []).append(ip)
                 if ipam.overlapping:
                     expected_res[reservation_name(ip, ipam.network_name)] = (a.container_id, a.ifname)
-    found = {r.name: (r.owner.container_id, r.owner.ifname) for r in store.iter_reservations()}
+    found = {name: (owner.container_id, owner.ifname) for name, owner in stored.items()}
     for name, who in expected_res.items():
         if found.get(name) != who:
             problems.append(f"reservation {name}: expected {who}, found {found.get(name)}")
