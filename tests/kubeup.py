@@ -51,7 +51,6 @@ def _shared() -> Path:
 SHARED = _shared()
 UPSTREAM = SHARED / "upstream"
 RBAC_YAML = REPO / "bundler" / "manifests" / "rbac.yaml"
-FLOWCONTROL_YAML = REPO / "bundler" / "manifests" / "flowcontrol.yaml"
 ABSENT_REASON = f"{UPSTREAM} is absent (the real kube-apiserver and upstream binaries live there)"
 NODE_SA, RECONCILER_SA = "pycni-node", "pycni-reconciler"
 SHIPPED_NAMESPACE = "pycni-system"
@@ -212,9 +211,8 @@ class KubeServer:
         return out
 
     def storage_counts(self) -> dict[tuple[str, str], float]:
-        """etcd_requests_total per (operation, resource): what the server asked etcd. A write of an
-        object that changed under it since its cache saw it is an update that failed, a get and the
-        update again (the server redoes the whole write)."""
+        """etcd_requests_total per (operation, resource): what the server asked etcd. A write the
+        server had to redo (the object changed under it meanwhile) is one more update."""
         out: dict[tuple[str, str], float] = {}
         for line in self.metrics().splitlines():
             if not line.startswith("etcd_requests_total{"):
@@ -234,16 +232,11 @@ class Tenant:
     """One namespace set up as shipped: RBAC from bundler/manifests/rbac.yaml, the node's and the
     reconciler's ServiceAccounts, and a tokenFile kubeconfig for each (0600, in `where`)."""
 
-    def __init__(self, server: KubeServer, where: Path, prefix: str = "t", flowcontrol: bool = False) -> None:
-        """`flowcontrol`: with bundler/manifests/flowcontrol.yaml as shipped too (a priority level of the
-        server's for this namespace's pool writes: the benchmark, the scale test and the test of the
-        manifest itself; the others leave the server's priority levels as they are)."""
+    def __init__(self, server: KubeServer, where: Path, prefix: str = "t") -> None:
         self.server = server
         self.namespace = server.namespace(prefix)
         where.mkdir(parents=True, exist_ok=True)
-        server.apply(shipped(RBAC_YAML, self.namespace))
-        if flowcontrol:
-            server.apply(shipped(FLOWCONTROL_YAML, self.namespace))
+        server.apply(shipped_rbac(self.namespace))
         self.kubeconfigs: dict[str, Path] = {}
         for sa in (NODE_SA, RECONCILER_SA):
             server.service_account(self.namespace, sa)
@@ -301,18 +294,16 @@ class Tenant:
                 raise
 
 
-def shipped(manifest: Path, namespace: str) -> str:
-    """A manifest of bundler/manifests (rbac.yaml, flowcontrol.yaml) for `namespace`: the namespace
-    substituted, the names of cluster-scoped objects (ClusterRole, ClusterRoleBinding, FlowSchema,
-    PriorityLevelConfiguration) and the references to them suffixed with it. Rules and subjects are left
-    as shipped."""
+def shipped_rbac(namespace: str) -> str:
+    """bundler/manifests/rbac.yaml for `namespace`: the namespace substituted, cluster-scoped names
+    (ClusterRole, ClusterRoleBinding) suffixed with it. Rules and subjects are left as shipped."""
+    text = RBAC_YAML.read_text()
     out = []
-    for doc in manifest.read_text().split("\n---\n"):
+    for doc in text.split("\n---\n"):
         named = doc
-        if re.search(r"^kind: (Cluster|FlowSchema|PriorityLevelConfiguration)", doc, re.M):
-            # metadata.name, roleRef.name and priorityLevelConfiguration.name; subjects' names deeper
-            names = r"^(  name: pycni-[a-z-]+|  priorityLevelConfiguration:\n    name: pycni-[a-z-]+)$"
-            named = re.sub(names, rf"\1-{namespace}", doc, flags=re.M)
+        if re.search(r"^kind: Cluster", doc, re.M):
+            # metadata.name and (bindings) roleRef.name sit at two spaces; subjects' names deeper
+            named = re.sub(r"^(  name: pycni-[a-z]+)$", rf"\1-{namespace}", doc, flags=re.M)
         out.append(named.replace(SHIPPED_NAMESPACE, namespace))
     return "\n---\n".join(out)
 

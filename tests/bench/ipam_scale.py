@@ -795,9 +795,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, help="seconds per phase (default 600; scenario 313: 240)")
     ap.add_argument("--single", type=int, default=20, help="uncontended ADDs per implementation (0: none)")
     ap.add_argument("--source", action="store_true", help="pycni from source, not dist/cni-bin")
-    ap.add_argument("--no-flowcontrol", action="store_true",
-                    help="without bundler/manifests/flowcontrol.yaml (pycni's pool writes not queued "
-                         "by the server)")
     ap.add_argument("--json", type=Path, default=REPO / "dist" / "bench" / "ipam-scale.json")
     args = ap.parse_args(argv)
     if args.scenario == "313":
@@ -830,8 +827,7 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()
     print(f"{os.cpu_count()} CPUs, load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
           f"{args.pods} pods x {args.networks} networks on {args.nodes} nodes, {args.concurrency} at once; "
-          f"budget {budget:.0f} s per phase; pycni {'from source' if bundle is None else bundle}"
-          f"{'; without flowcontrol.yaml' if args.no_flowcontrol else ''}")
+          f"budget {budget:.0f} s per phase; pycni {'from source' if bundle is None else bundle}")
     reports: list[PhaseReport] = []
     singles: dict[str, dict[str, Any]] = {}
     slice_notes: dict[str, dict[str, Any]] = {}
@@ -847,8 +843,7 @@ def main(argv: list[str] | None = None) -> int:
                         wl = Workload(args.pods, args.networks, args.nodes, args.concurrency, mode, budget,
                                       slice_controller=args.slices_by == "controller")
                         where = scratch / label / mode
-                        tenant = kubeup.Tenant(server, where / "kube", prefix="scale",
-                                               flowcontrol=not args.no_flowcontrol)
+                        tenant = kubeup.Tenant(server, where / "kube", prefix="scale")
                         print(f"  {label} {mode} in namespace {tenant.namespace} ...", flush=True)
                         notes: dict[str, Any] = {}
                         rs = run_workload(impl, wl, tenant, where, prefix=f"{n:x}{modes.index(mode):x}",
@@ -865,8 +860,7 @@ def main(argv: list[str] | None = None) -> int:
                                   flush=True)
                     if args.single:
                         where = scratch / label / "single"
-                        tenant = kubeup.Tenant(server, where / "kube", prefix="single",
-                                               flowcontrol=not args.no_flowcontrol)
+                        tenant = kubeup.Tenant(server, where / "kube", prefix="single")
                         singles[label] = uncontended(impl, tenant, where, args.single, f"{n:x}f")
                 finally:
                     impl.close()

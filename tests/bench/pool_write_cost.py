@@ -12,9 +12,8 @@ Concurrent writers to one object cost more than this: the server applies a write
 cache has it, and redoes the whole write (patch, validation, encoding) when another write landed
 meanwhile. `--writers W` measures that instead: W threads (each its own connection, the node's token)
 write one pool of the first size at once, each adding its own entry and removing it again with pycni's
-guarded JSON Patch, --requests times, once without and once with bundler/manifests/flowcontrol.yaml
-applied (the server then runs a few of these PATCHes at a time and queues the rest): etcd updates per
-write (etcd_requests_total: 1.0 when no write is redone) and API-server CPU ms per write.
+guarded JSON Patch, --requests times: etcd updates per write (etcd_requests_total: 1.0 when no write is
+redone) and API-server CPU ms per write.
 
     python -m tests.bench.pool_write_cost [--sizes 0,256,512,1024] [--requests 30] [--writers 8]"""
 
@@ -57,15 +56,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="pycni-pool-cost-") as tmp:
             if args.writers:
                 size = int(args.sizes.split(",")[0])
-                print("| writers | entries | flowcontrol.yaml | wall s | etcd updates per write "
-                      "| API CPU ms per write |")
-                print("|---|---|---|---|---|---|")
-                for flowcontrol in (False, True):
-                    tenant = kubeup.Tenant(server, Path(tmp) / str(flowcontrol), prefix="cost",
-                                           flowcontrol=flowcontrol)
-                    row = concurrent(server, tenant, size, args.writers, args.requests)
-                    shipped = "yes" if flowcontrol else "no"
-                    print(f"| {args.writers} | {size} | {shipped} | {row} |", flush=True)
+                print("| writers | entries | wall s | etcd updates per write | API CPU ms per write |")
+                print("|---|---|---|---|---|")
+                tenant = kubeup.Tenant(server, Path(tmp), prefix="cost")
+                row = concurrent(server, tenant, size, args.writers, args.requests)
+                print(f"| {args.writers} | {size} | {row} |", flush=True)
                 return
             tenant = kubeup.Tenant(server, Path(tmp), prefix="cost")
             client = kubeapi.Client(kubeapi.load_kubeconfig(str(tenant.admin_kubeconfig)))

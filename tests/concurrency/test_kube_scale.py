@@ -1,8 +1,7 @@
 """The pod-scale workload of `make bench-ipam-scale` (tests/bench/ipam_scale.py), small, on the real
 kube-apiserver: 16 pods x 4 networks on 4 simulated nodes, 2 pods at once per node, every network on
 one shared range (one IPPool), each attachment its own plugin process; then the DELs. pycni standalone
-(from source, or the frozen entry when PYCNI_PLUGIN_DIR is set) and through one agent per node, with
-bundler/manifests/flowcontrol.yaml applied as deployed. The
+(from source, or the frozen entry when PYCNI_PLUGIN_DIR is set) and through one agent per node. The
 same workload on node slices (`node_slice_size`, mode `slices`), standalone, the plugin assigning each
 node its slice on the node's first ADD (no controller: four nodes race for the first slices).
 
@@ -28,11 +27,10 @@ SLICES = replace(WORKLOAD, mode="slices", slice_controller=False)
 
 
 @pytest.mark.parametrize("agents", [False, True], ids=["standalone", "agents"])
-def test_pods_on_shared_range(kube: kubeup.KubeServer, tmp_path: Path, agents: bool) -> None:
+def test_pods_on_shared_range(kube: kubeup.KubeServer, tenant: kubeup.Tenant, tmp_path: Path,
+                              agents: bool) -> None:
     if agents and not is_root():
         pytest.skip("the agent serves root only")
-    # as deployed: rbac.yaml and flowcontrol.yaml (the server queues the pool writes)
-    tenant = kubeup.Tenant(kube, tmp_path / "kube", flowcontrol=True)
     plugin_dir = os.environ.get("PYCNI_PLUGIN_DIR")
     present = {p for p in DEFAULT_PATHS if os.path.lexists(p)}
     impl = Pycni(Path(plugin_dir) if plugin_dir else None, WORKLOAD.nodes if agents else 0, tmp_path)
