@@ -48,8 +48,10 @@ class Engine:
         self.lock_dir = os.path.join(os.path.dirname(s.local_db), "pool-locks") if cluster else ""
         # pool entries without pycni's extras (pod UID, network, node) where every entry's reservation
         # carries them: on the Kubernetes store they are a per-entry annotation of the pool object, which
-        # every write of it pays for (README: IPAM at scale); readers join them back (ipam.model.joined)
-        self.lean = conf.overlapping and s.datastore == "kubernetes"
+        # every write of it pays for (README: IPAM at scale); readers join them back (ipam.model.joined).
+        # Not node slices: a slice pool is one node's (no contention to save), and the reconciler cannot
+        # find the entry of a reservation from a slice pool's name (README: Node slices, "Not covered")
+        self.lean = conf.overlapping and s.datastore == "kubernetes" and not conf.node_slice_size
         self.reservations = Reservations(store, conf, self.retry, self.pool_name, self._atomic)
 
     def pool_name(self, rng: IPRange) -> str:

@@ -10,9 +10,9 @@
 `node` have no place in the CRD schema (unknown fields are pruned); the Kubernetes store keeps them in
 annotations (ipam.store.crd: the pool's `pycni.io/o-<offset>`, the reservation's `pycni.io/*`). Objects
 written by upstream whereabouts simply lack them ("" here), and every consumer must cope with that. With
-overlapping ranges on the Kubernetes store, pool entries are written without them (`Allocation.bare`):
-the entry's reservation carries them, and GC, the reconciler and `pycni-ipam show` join them back
-(`joined`)."""
+overlapping ranges on the Kubernetes store (not node slices), pool entries are written without them
+(`Allocation.bare`): the entry's reservation carries them, and GC, the reconciler and `pycni-ipam show`
+join them back (`joined`)."""
 
 from __future__ import annotations
 
