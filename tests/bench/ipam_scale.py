@@ -430,8 +430,8 @@ class PhaseReport:
     agent_served: int | None
     problems: list[str] = field(default_factory=list)
     load_avg: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    # etcd requests for pools ("update ippools", "get ippools"): a write of a pool that changed under
-    # the server since its cache saw it costs a failed update, a get and the update again
+    # etcd requests for pools ("update ippools", "get ippools"): each pool write the server had to redo
+    # (the object changed under it meanwhile) is one more update
     etcd_split: dict[str, float] = field(default_factory=dict)
 
 
