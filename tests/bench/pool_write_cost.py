@@ -29,11 +29,10 @@ from pathlib import Path
 from ipam import kubeapi
 from ipam.model import Allocation, Pool
 from ipam.store import crd
+from ipam.store.kube import JSON_PATCH, UNTRACKED  # what the store sends with every pool patch
 from tests import kubeup
 
 ENTRY = {"id": "f" * 64, "podref": "bench/pod", "ifname": "net1"}
-JSON_PATCH = "application/json-patch+json"
-UNTRACKED = {"op": "add", "path": "/metadata/managedFields", "value": [{}]}  # as ipam.store.kube sends
 
 
 def measure(server: kubeup.KubeServer, n: int, request: Callable[[int], object]) -> tuple[float, float]:
