@@ -49,9 +49,9 @@ class Engine:
         # pool entries without pycni's extras (pod UID, network, node) where every entry's reservation
         # carries them: on the Kubernetes store they are a per-entry annotation of the pool object, which
         # every write of it pays for (README: IPAM at scale); readers join them back (ipam.model.joined).
-        # Not node slices: a slice pool is one node's (no contention to save), and the reconciler cannot
-        # find the entry of a reservation from a slice pool's name (README: Node slices, "Not covered")
-        self.lean = conf.overlapping and s.datastore == "kubernetes" and not conf.node_slice_size
+        # Node slices too: a slice pool has one writer, but each of its writes still pays for its size
+        # (the reconciler finds a slice pool's entry by the node its reservation records)
+        self.lean = conf.overlapping and s.datastore == "kubernetes"
         self.reservations = Reservations(store, conf, self.retry, self.pool_name, self._atomic)
 
     def pool_name(self, rng: IPRange) -> str:
@@ -109,6 +109,7 @@ class Engine:
         if self.lock_dir and not batch.sharing():  # a plugin process: share writes with the node's others
             path = nodelock.path_for(self.lock_dir, self.identity, ops[0].owner.node, name)
             ticket = nodequeue.publish(path, ops)
+
         def execute(group: list[Op]) -> None:
             self._retrying(what, lambda: self._step(name, group, ticket))
             if batch.sharing():

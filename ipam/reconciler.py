@@ -164,13 +164,19 @@ class Reconciler:
         report.errors.append(f"pool {pool.name}: gave up after {CAS_TRIES} conflicts")
         return 0
 
-    def _holder(self, name: str) -> tuple[Pool, str, Allocation] | None:
-        """The pool entry that holds the address reservation `name` names, read afresh (pools seen in
+    def _holder(self, res: Reservation) -> tuple[Pool, str, Allocation] | None:
+        """The pool entry that holds the address reservation `res` names, read afresh (pools seen in
         this run): (pool, key, entry). A reservation whose owner is gone but whose address is held
         protects that entry (upstream whereabouts takes an entry over for a re-ADD, or for a pod
-        recreated under the same name, and leaves the reservation as it was): it stays."""
+        recreated under the same name, and leaves the reservation as it was): it stays.
+
+        A node slice's pool is named `<network_name>-<node>-<slice>` (`<node>-<slice>` without a
+        network name) while the reservations of its addresses are `<network_name>-<ip>`: the node a
+        reservation of ours records tells the one from the other (a name alone is ambiguous)."""
         for pool_name, network_name, net in self._pools:
-            ip = reservation_address(name, network_name, net.version)
+            prefixes = _prefixes(network_name, res.owner.node)
+            names = (reservation_address(res.name, p, net.version) for p in prefixes)
+            ip = next(filter(None, names), None)
             if ip is None or ipaddress.ip_address(ip) not in net:
                 continue
             pool = self.store.get_pool(pool_name)
@@ -208,7 +214,7 @@ class Reconciler:
         reason = self._judge(res.owner, report)
         if reason is None:
             return
-        holder = self._holder(res.name)
+        holder = self._holder(res)
         if holder is not None and self._judged_by(holder[2], res.owner):
             if not self._entry_of(res, reason, holder, report):
                 return
@@ -230,6 +236,17 @@ class Reconciler:
         except Conflict:
             metrics.conflict("reservation")
             report.skipped += 1  # changed since it was read: judged again next run
+
+
+def _prefixes(network_name: str, node: str) -> tuple[str, ...]:
+    """The network names a pool whose name carries `network_name` (ipam.store.names.network_name_of)
+    may prefix the reservations of its addresses with: its own, and when it is `node`'s slice pool
+    (`<network_name>-<node>`, or `<node>`), the network's."""
+    if node and network_name.endswith(f"-{node}"):
+        return network_name, network_name[: -len(node) - 1]
+    if node and network_name == node:
+        return network_name, ""
+    return (network_name,)
 
 
 def run_forever(

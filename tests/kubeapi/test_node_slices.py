@@ -31,9 +31,14 @@ import jsonschema
 import pytest
 
 from cni.errors import Code
+from ipam import rbac
+from ipam.kubeapi import Client, load_kubeconfig
+from ipam.kubepods import KubePodSource
+from ipam.reconciler import Reconciler
 from tests import kubeup
 from tests.concurrency.harness import spawn_all
 from tests.kubeapi import wbupstream
+from tests.kubeapi.factory import open_kube
 from tests.kubeapi.wbupstream import Implementation, cni_env
 from tests.unit.ipam.test_crd_schema import schemas
 
@@ -314,3 +319,45 @@ def test_a_full_slice_of_a_65536_address_network_is_one_small_ippool(site: Site)
     sizes = {"IPPool": len(json.dumps(pool)), "NodeSlicePool": len(json.dumps(nsp))}
     print(f"object sizes of a full /24 slice: {sizes}")
     assert all(size < 256 * 1024 // 2 for size in sizes.values()), sizes
+
+
+def test_reconciler_judges_a_lean_slice_pools_entries_by_their_reservations(site: Site) -> None:
+    """Slice pools are lean (entries without pycni's per-entry annotation; the reservation carries pod
+    UID, network and node): the reconciler frees a recreated pod's entry with its reservation, a gone
+    pod's, and keeps a gone pod's reservation whose address another attachment holds (upstream's
+    takeover, written here by hand) and everything of live pods."""
+    conf = net("slices-h", range="198.18.0.0/16", node_slice_size="/24", network_name="h")
+    node = site.node("one-h")  # a dash in the node's name: the pool is h-one-h-<ns>-<slice>
+    tenant = site.tenant
+    uids = {p: tenant.create_pod(p, node=node)["metadata"]["uid"] for p in ("p1", "p2", "p4", "p5")}
+    cids = {p: cid() for p in ("p1", "p2", "p3", "p4")}
+    for p, c in cids.items():  # p3's pod never existed
+        env = cni_env("ADD", c, "net1", f"{site.ns}/{p}", uids.get(p, "uid-p3"), node)
+        rc, out = site.ours.call(env, conf)
+        assert rc == 0, out
+    (name,) = tenant.pools()
+    pool = site.server.request("GET", tenant.path("ippools", name))
+    assert not any(k.startswith("pycni.io/o-") for k in pool["metadata"].get("annotations", {}))  # lean
+    assert {v["id"] for v in pool["spec"]["allocations"].values()} == set(cids.values())
+    for res in tenant.objects("overlappingrangeipreservations"):
+        assert res["metadata"]["annotations"]["pycni.io/node"] == node, res
+    held = {v["id"]: k for k, v in pool["spec"]["allocations"].items()}
+    takeover = {"id": cid(), "podref": f"{site.ns}/p5", "ifname": "net1"}  # upstream's re-ADD of p4's address
+    patch = [{"op": "replace", "path": f"/spec/allocations/{held[cids['p4']]}", "value": takeover}]
+    site.server.request(
+        "PATCH", tenant.path("ippools", name), patch, content_type="application/json-patch+json"
+    )
+    tenant.delete_pod("p2")
+    assert tenant.create_pod("p2", node=node)["metadata"]["uid"] != uids["p2"]  # recreated: a new UID
+    tenant.delete_pod("p4")
+    store = open_kube(tenant.reconciler, role=rbac.RECONCILER)
+    pods = KubePodSource(Client(load_kubeconfig(str(tenant.reconciler))), rbac.RECONCILER)
+    try:
+        report = Reconciler(store, pods).run()
+    finally:
+        store.close()
+        pods.close()
+    assert (report.found, report.freed, report.errors) == (4, 4, [])  # p2's and p3's entries and reservations
+    left = tenant.pools()[name]
+    assert {v["id"] for v in left.values()} == {cids["p1"], takeover["id"]}
+    assert {r["containerid"] for r in tenant.reservations().values()} == {cids["p1"], cids["p4"]}

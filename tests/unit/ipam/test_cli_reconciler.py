@@ -14,9 +14,9 @@ from cni import jsonio
 from ipam import cli
 from ipam.config import from_dict
 from ipam.engine import Engine
-from ipam.model import Allocation
+from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.podsource import PodInfo, PodSourceError
-from ipam.reconciler import Finding, Reconciler, Report
+from ipam.reconciler import Finding, Reconciler, Report, _prefixes
 from ipam.store.local import LocalStore
 from tests.nsutil import REPO
 
@@ -133,6 +133,43 @@ def test_changed_entry_is_not_freed(db: str) -> None:
     freed = rec._release(pool, {key: GONE}, Report())
     store.close()
     assert freed == 0 and "c-gone-2" in held(db)
+
+
+@pytest.mark.parametrize("network_name", ["rdma", ""], ids=["named", "unnamed"])
+def test_lean_slice_pool_entries_are_judged_by_their_reservations(network_name: str, tmp_path: Path) -> None:
+    """A node slice's lean pool (`<network_name>-<node>-<slice>`, entries without extras) and the
+    reservations of its addresses (`<network_name>-<ip>`, with the extras): the entry of a recreated
+    pod goes with its reservation, a gone pod's reservation whose address another attachment holds
+    (upstream's takeover) stays, and a live pod's entry and reservation stay."""
+    store = LocalStore(str(tmp_path / "ipam.db"))
+    node = "node-1"  # a dash in the node's name too
+    prefix = f"{network_name}-" if network_name else ""
+    taken = Allocation("c-taken", "ns/live", "net2")
+    entries = {"1": REUSED._replace(node=node), "2": taken, "3": LIVE._replace(node=node)}
+    pool = Pool(f"{prefix}{node}-198.18.3.0-24", "198.18.3.0/24")
+    store.commit_pool(pool, PoolUpdate(put={k: a.bare() for k, a in entries.items()}))
+    owners = {"1": REUSED, "2": GONE, "3": LIVE}
+    for key, owner in owners.items():
+        store.put_reservation(Reservation(f"{prefix}198.18.3.{key}", owner._replace(node=node)))
+    found: list[Finding] = []
+    report = Reconciler(store, Pods(ALIVE), on_finding=found.append).run()
+    left = store.get_pool(pool.name)
+    reservations = {r.name for r in store.iter_reservations()}
+    store.close()
+    assert sorted((f.kind, f.owner.container_id) for f in found) == [("allocation", "c-old"),
+                                                                      ("reservation", "c-old")]
+    assert (report.freed, report.errors) == (2, [])
+    assert left is not None and {k: a.container_id for k, a in left.allocations.items()} == {
+        "2": "c-taken", "3": "c-live",
+    }
+    assert reservations == {f"{prefix}198.18.3.2", f"{prefix}198.18.3.3"}
+
+
+def test_a_slice_pools_reservation_prefixes() -> None:
+    assert _prefixes("rdma-node-1", "node-1") == ("rdma-node-1", "rdma")
+    assert _prefixes("node-1", "node-1") == ("node-1", "")
+    assert _prefixes("rdma", "node-1") == ("rdma",)
+    assert _prefixes("rdma-node-1", "") == ("rdma-node-1",)  # no node recorded (upstream's): its own only
 
 
 def run_cli(*argv: str, stdin: str = "") -> tuple[int, str, str]:

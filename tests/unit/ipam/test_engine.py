@@ -309,11 +309,9 @@ def test_an_entry_without_extras_takes_those_of_its_attachments_reservation() ->
     assert joined(Allocation("ca", "ns/a", "net2"), extras) == Allocation("ca", "ns/a", "net2")
 
 
-def test_pools_are_lean_only_on_the_kubernetes_store_with_overlapping_ranges_and_no_node_slices(
-    tmp_path: Path,
-) -> None:
+def test_pools_are_lean_only_on_the_kubernetes_store_with_overlapping_ranges(tmp_path: Path) -> None:
     assert lean_engine(tmp_path, {"range": "198.51.100.0/24"}).lean
     assert not lean_engine(tmp_path, {"range": "198.51.100.0/24", "enable_overlapping_ranges": False}).lean
     slices = {"range": "198.18.0.0/16", "node_slice_size": "/24", "network_name": "rdma"}
-    assert not lean_engine(tmp_path, slices).lean
+    assert lean_engine(tmp_path, slices).lean
     assert not make({"range": "198.51.100.0/24"}).lean  # the local store: nothing to save
