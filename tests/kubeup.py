@@ -93,6 +93,7 @@ class KubeServer:
         self.admin_kubeconfig = Path(env["KUBECONFIG"])
         self.etcd_endpoint = env["ETCD_ENDPOINT"]
         self.pid = int(env["KUBE_APISERVER_PID"])
+        self.etcd_pid = int(env.get("ETCD_PID") or 0)
         self._ssl = ssl.create_default_context(cafile=self.ca_file)
         self._host = urlsplit(self.url)
 
@@ -224,8 +225,20 @@ class KubeServer:
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system) the API server process has used so far."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self.pid)
+
+    def etcd_cpu_seconds(self) -> float:
+        """CPU time (user + system) its etcd has used so far (0 when unknown)."""
+        return process_cpu_seconds(self.etcd_pid) if self.etcd_pid else 0.0
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process `pid` has used so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Tenant:

@@ -34,7 +34,9 @@ Implementations, each in a fresh namespace (kubeup.Tenant) per range mode on the
 
 Per implementation, mode and phase: wall time, attachments/s, p50/p99 per call and per pod, API requests
 per attachment split by verb/resource with 409/422 (deltas of apiserver_request_total), API-server CPU
-seconds, failures (count, distinct messages), speed against upstream, and a check of the objects (after
+seconds, where the machine's CPU went (the API server, its etcd, the plugin processes of the calls, the
+agents, this harness: /proc and getrusage deltas; the phase's budget is CPUs x wall), failures (count,
+distinct messages), speed against upstream, and a check of the objects (after
 ADD: no address in two pool entries across the namespace's pools, every entry has its reservation and
 vice versa, one entry per successful attachment holding the address the call returned; slices: every
 simulated node has its own slice in the NodeSlicePool and each entry is in the pool of its node's
@@ -61,6 +63,7 @@ import ipaddress
 import json
 import os
 import queue
+import resource
 import statistics
 import subprocess
 import sys
@@ -202,6 +205,10 @@ class Impl:
     def served(self) -> Counter[str]:
         """Calls an agent answered, by command ('ADD', 'DEL'); empty without agents."""
         return Counter()
+
+    def helper_pids(self) -> list[int]:
+        """Long-lived processes of the implementation on the nodes (pycni's agents); none by default."""
+        return []
 
     def close(self) -> None:
         pass
@@ -433,14 +440,25 @@ class PhaseReport:
     # etcd requests for pools ("update ippools", "get ippools"): each pool write the server had to redo
     # (the object changed under it meanwhile) is one more update
     etcd_split: dict[str, float] = field(default_factory=dict)
+    # CPU seconds of the phase by whom (see measure): the machine's whole budget is CPUs x wall
+    cpu_split: dict[str, float] = field(default_factory=dict)
 
 
-Measured = tuple[dict[tuple[str, str, str], float], float, dict[tuple[str, str], float]]
+Measured = tuple[dict[tuple[str, str, str], float], float, dict[tuple[str, str], float], dict[str, float]]
 
 
-def measure(server: kubeup.KubeServer) -> Measured:
-    """(API requests by verb, resource and code; the server's CPU seconds; its etcd requests)."""
-    return server.request_counts(), server.cpu_seconds(), server.storage_counts()
+def measure(server: kubeup.KubeServer, impl: Impl) -> Measured:
+    """(API requests by verb, resource and code; the server's CPU seconds; its etcd requests; CPU
+    seconds so far by whom: the API server, its etcd, the plugin processes (this process' waited-for
+    children: every call's process, shim or plugin), the implementation's agents, this harness)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    api = server.cpu_seconds()
+    cpu = {"API server": api, "etcd": server.etcd_cpu_seconds(),
+           "plugin processes": children.ru_utime + children.ru_stime,
+           "agents": sum(kubeup.process_cpu_seconds(pid) for pid in impl.helper_pids()),
+           "harness": own.ru_utime + own.ru_stime}  # fmt: skip
+    return server.request_counts(), api, server.storage_counts(), cpu
 
 
 def report(impl: Impl, wl: Workload, phase: str, calls: list[Call], wall: float, planned: int,
@@ -471,6 +489,7 @@ def report(impl: Impl, wl: Workload, phase: str, calls: list[Call], wall: float,
         sum(v for k, v in resource.items() if k[2] >= "400" and k[2] not in ("409", "422", "404")),
         dict(sorted(split.items(), key=lambda kv: -kv[1])), after[1] - before[1],
         sum(failures.values()), dict(failures.most_common(10)), served, problems, os.getloadavg(), storage,
+        {k: round(v - before[3].get(k, 0.0), 2) for k, v in after[3].items()},
     )
 
 
@@ -549,9 +568,9 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
     pods = {i: Pod(i, tenant.namespace, prefix) for i in range(wl.pods)}
     out = []
     before_served = impl.served()
-    before = measure(server)
+    before = measure(server, impl)
     adds, wall = run_phase(impl, wl, "ADD", list(pods.values()))
-    after = measure(server)
+    after = measure(server, impl)
     served = impl.served()
     if wl.mode == "slices":
         problems = check_after_add(tenant, adds, pods, network_name=SLICES_NETWORK)
@@ -563,9 +582,9 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
     started: dict[int, list[int]] = {}
     for c in sorted(adds, key=lambda c: c.net):
         started.setdefault(c.pod, []).append(c.net)
-    before = measure(server)
+    before = measure(server, impl)
     dels, wall = run_phase(impl, wl, "DEL", [pods[i] for i in sorted(started)], started)
-    after = measure(server)
+    after = measure(server, impl)
     served2 = impl.served()
     problems = check_after_del(tenant)
     if len(dels) < len(adds):
@@ -667,6 +686,9 @@ class Pycni(Impl):
         return {"type": "whereabouts", "range": rng, "configuration_path": str(self.flat),
                 "local_db": str(self.local_db)}
 
+    def helper_pids(self) -> list[int]:
+        return [agent.pid for agent in self.agents.values()]
+
     def served(self) -> Counter[str]:
         out: Counter[str] = Counter()
         for agent in self.agents.values():
@@ -761,6 +783,10 @@ def details(reports: list[PhaseReport]) -> str:
         if writes and r.etcd_split:
             etcd = ", ".join(f"{k} {v / writes:.2f}" for k, v in sorted(r.etcd_split.items()))
             lines.append(f"  - etcd requests per pool write: {etcd}")
+        if r.cpu_split:
+            split = ", ".join(f"{k} {v:.1f}" for k, v in r.cpu_split.items())
+            whole = (os.cpu_count() or 1) * r.wall_s
+            lines.append(f"  - CPU s: {split} (of {whole:.1f}: {os.cpu_count()} CPUs x the phase's wall)")
         lines += [f"  - failure x{n}: {msg}" for msg, n in r.failure_messages.items()]
         lines += [f"  - check: {p}" for p in r.problems[:10]]
     return "\n".join(lines)
