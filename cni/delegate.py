@@ -226,8 +226,10 @@ def add(req: Request) -> Result:
     try:
         raw = jsonio.loads(out, f"ipam {kind} result")
         return parse(raw, req.version, f"ipam {kind} result")
-    except CniError as e:
-        raise DecodeError(f"ipam plugin {kind} returned an invalid result: {e.msg}", e.details) from None
+    except CniError as e:  # what it printed, in short: nothing at all and garbage are different faults
+        shown = f": {out[:120]!r}" if out else ""
+        details = f"{e.details} ({len(out)} bytes of output{shown})"
+        raise DecodeError(f"ipam plugin {kind} returned an invalid result: {e.msg}", details) from None
 
 
 def delete(req: Request) -> None:

@@ -86,7 +86,8 @@ def test_fifty_concurrent_adds_into_fifty_namespaces(topo: Topology, agent: Agen
     with ThreadPoolExecutor(PODS) as pool:
         adds = list(pool.map(lambda i: run(topo, agent, "ADD", debug if i % 2 else cfg, pods[i], i, tmp_path),
                              range(PODS)))
-    assert [a.rc for a in adds] == [0] * PODS, [a for a in adds if not a.ok][:3]
+    failed = "\n".join(f"{a.out}\n{a.stderr[-3000:]}" for a in adds if not a.ok)  # all of it, untruncated
+    assert [a.rc for a in adds] == [0] * PODS, failed
     got = [a.out["ips"][0]["address"] for a in adds]
     assert len(set(got)) == PODS
     for i, pod in enumerate(pods):

@@ -168,8 +168,16 @@ def test_invalid_result_is_code_6_naming_the_field(tmp_path: Path) -> None:
 
 def test_malformed_result_is_code_6(tmp_path: Path) -> None:
     ipam_printing(tmp_path, "{not json")
-    with pytest.raises(DecodeError):
+    with pytest.raises(DecodeError) as e:
         delegate.add(request((str(tmp_path),)))
+    assert "(9 bytes of output: b'{not json')" in e.value.details  # what it printed, in short
+
+
+def test_success_without_a_result_says_there_was_no_output(tmp_path: Path) -> None:
+    ipam_printing(tmp_path, "")  # exit 0, nothing on stdout: a broken IPAM, not a malformed result
+    with pytest.raises(DecodeError) as e:
+        delegate.add(request((str(tmp_path),)))
+    assert e.value.code == 6 and e.value.details.endswith("(0 bytes of output)")
 
 
 def test_result_without_ips_is_rejected(tmp_path: Path) -> None:
