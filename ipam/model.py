@@ -10,7 +10,7 @@
 `node` have no place in the CRD schema (unknown fields are pruned); the Kubernetes store keeps them in
 annotations (ipam.store.crd: the pool's `pycni.io/o-<offset>`, the reservation's `pycni.io/*`). Objects
 written by upstream whereabouts simply lack them ("" here), and every consumer must cope with that. With
-overlapping ranges on the Kubernetes store (not node slices), pool entries are written without them
+overlapping ranges on the Kubernetes store (node slices too), pool entries are written without them
 (`Allocation.bare`): the entry's reservation carries them, and GC, the reconciler and `pycni-ipam show`
 join them back (`joined`)."""
 
