@@ -14,7 +14,7 @@ What the schema cannot hold goes into annotations (unknown spec fields would be 
   replaces or removes it. Kubernetes caps all annotations of an object at 256 KiB, so entries are
   only added while the annotations stay within OWNERS_BUDGET bytes: allocations past the budget lose
   only their pycni extras (the reconciler then compares pod names, GC leaves them alone). With
-  overlapping ranges on (the default) and no node slices the engine writes entries without extras at
+  overlapping ranges on (the default; node slices too) the engine writes entries without extras at
   all (ipam.engine `lean`): every entry's reservation carries them, and a pool without them is cheaper
   for the API server to write; readers join them back (ipam.model.joined).
 - the first format, `pycni.io/owners` (`{"<offset>": [pod_uid, network, node]}`, no stamp), cannot
