@@ -25,13 +25,12 @@ from prometheus_client import (
 )
 
 from cni import metrics
-from cni.errors import Code
+from cni.errors import CODES
 from cni.registry import PLUGINS
 
 AGENT, RECONCILER = "agent", "reconciler"
 DEFAULT_PORTS = {AGENT: 9736, RECONCILER: 9737}
 COMMANDS = frozenset({"ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION"})
-CODES = frozenset(int(c) for c in Code)
 # a CNI call: from a few ms (agent, local store) to the 120 s an IPAM may wait behind conflicts
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 RUN_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)

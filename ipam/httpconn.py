@@ -7,20 +7,25 @@ small reader; http.client would add the email package's parser to every plugin c
 - Timeouts: `connect` bounds the TCP connect, `read` the TLS handshake and every read of an answer.
 - A kept-alive connection the server closed meanwhile is reopened once, and only when it was reused:
   a request on a fresh connection is never sent twice by this layer (a write is never repeated).
-- TLS: the caller's ssl.SSLContext; `server_name` overrides the name checked and sent in SNI.
+- TLS: the caller's context (ipam.tls.client_context, or an ssl.SSLContext); `server_name` overrides the
+  name checked and sent in SNI. Sockets and TLS are ipam.tls (`_socket` and `_ssl` directly).
 - Proxy: an `http://` proxy tunnels (CONNECT) to an https server and forwards plain http.
-Errors are OSError (SlowAnswer: a timeout waiting for the answer; BadAnswer: not HTTP/1.x) and
-ssl.SSLError, for the caller to map."""
+Errors are OSError (SlowAnswer: a timeout waiting for the answer; BadAnswer: not HTTP/1.x), the TLS
+ones (ssl.SSLError) included, for the caller to map."""
 
 from __future__ import annotations
 
+import _socket
 import ipaddress
-import socket
-import ssl
+
+from ipam.tls import Context, Socket, SSLCertVerificationError, SSLError, TlsSocket, client_context
+from ipam.tls import connect as tls_connect
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     from urllib.parse import SplitResult
+
+    Sock = Socket | TlsSocket
 
 MAX_LINE = 65536  # a status or header line, a chunk-size line
 MAX_HEADERS = 200
@@ -121,23 +126,10 @@ def encoded_host(host: str) -> str | bytes:
     return host
 
 
-def connect(host: str, port: int, timeout: float) -> socket.socket:
+def connect(host: str, port: int, timeout: float) -> Socket:
     """socket.create_connection((host, port), timeout), the host name resolved without the idna codec
-    (encoded_host): each address in turn, the last one's error if none connects."""
-    error: OSError | None = None
-    found = socket.getaddrinfo(encoded_host(host), port, 0, socket.SOCK_STREAM)
-    for family, kind, proto, _, address in found:
-        sock = None
-        try:
-            sock = socket.socket(family, kind, proto)
-            sock.settimeout(timeout)
-            sock.connect(address)
-            return sock
-        except OSError as e:
-            error = e
-            if sock is not None:
-                sock.close()
-    raise error if error is not None else OSError("getaddrinfo returns an empty list")
+    (encoded_host)."""
+    return tls_connect(encoded_host(host), port, timeout)
 
 
 class Connection:
@@ -146,7 +138,7 @@ class Connection:
     def __init__(
         self,
         base: str,
-        tls: ssl.SSLContext | None = None,
+        tls: Context | None = None,
         connect: float = 3.0,
         read: float = 10.0,
         server_name: str = "",
@@ -158,14 +150,14 @@ class Connection:
         self.scheme, self.host = url.scheme, url.hostname
         self.port = url.port or (443 if url.scheme == "https" else 80)
         self.prefix = url.path.rstrip("/")
-        self.tls = tls if tls is not None or url.scheme == "http" else ssl.create_default_context()
+        self.tls = tls if tls is not None or url.scheme == "http" else client_context()
         self.connect_timeout, self.read_timeout = connect, read
         self.server_name = server_name
         self.proxy = split_url(proxy) if proxy else None
         host = f"[{self.host}]" if ":" in self.host else self.host
         default = 443 if self.scheme == "https" else 80
         self.authority = host if self.port == default else f"{host}:{self.port}"
-        self._sock: socket.socket | None = None
+        self._sock: Sock | None = None
         self._in: _Reader | None = None
 
     def close(self) -> None:
@@ -202,24 +194,25 @@ class Connection:
                 raise
         raise AssertionError("unreachable")
 
-    def _open(self) -> tuple[socket.socket, _Reader]:
+    def _open(self) -> tuple[Sock, _Reader]:
         if self._sock is not None and self._in is not None:
             return self._sock, self._in
         host, port = self.host, self.port
         if self.proxy is not None:
             host, port = self.proxy.hostname or "", self.proxy.port or 80
-        sock = connect(host, port, self.connect_timeout)
+        raw = connect(host, port, self.connect_timeout)
+        sock: Sock = raw
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            raw.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
             # the TLS handshake and the proxy's answer are the server's work: the read bound
-            sock.settimeout(self.read_timeout)
+            raw.settimeout(self.read_timeout)
             if self.proxy is not None and self.scheme == "https":
-                _tunnel(sock, self.host, self.port)
+                _tunnel(raw, self.host, self.port)
             if self.scheme == "https":
                 assert self.tls is not None
-                sock = self.tls.wrap_socket(sock, server_hostname=encoded_host(self.server_name or self.host))
+                sock = TlsSocket(self.tls, raw, encoded_host(self.server_name or self.host))
         except BaseException:
-            sock.close()
+            raw.close()
             raise
         self._sock, self._in = sock, _Reader(sock)
         return sock, self._in
@@ -233,7 +226,7 @@ def _message(method: str, target: str, authority: str, body: bytes | None, heade
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
 
 
-def _tunnel(sock: socket.socket, host: str, port: int) -> None:
+def _tunnel(sock: Sock, host: str, port: int) -> None:
     """CONNECT through an http proxy; nothing past the proxy's answer is read (the TLS server speaks
     only after our hello)."""
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -255,7 +248,7 @@ def _tunnel(sock: socket.socket, host: str, port: int) -> None:
 class _Reader:
     """Buffered reads from a (TLS) socket: lines and exact lengths."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: Sock) -> None:
         self.sock, self.buf = sock, bytearray()  # grows in place: a large pool arrives in many reads
 
     def _fill(self) -> bool:
@@ -351,9 +344,9 @@ def describe(e: BaseException) -> str:
     """A short, secret-free reason for a failed request."""
     if isinstance(e, TimeoutError):
         return "timed out"
-    if isinstance(e, ssl.SSLCertVerificationError):
+    if isinstance(e, SSLCertVerificationError):
         return f"TLS: certificate verify failed: {e.verify_message}"
-    if isinstance(e, ssl.SSLError):
+    if isinstance(e, SSLError):
         return f"TLS: {e.reason or e}"
     if isinstance(e, OSError) and e.strerror:
         return e.strerror

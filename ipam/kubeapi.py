@@ -1,6 +1,6 @@
 """The Kubernetes API as the IPAM uses it: a kubeconfig, and JSON requests over one kept-alive
-connection of ipam.httpconn (sockets + ssl), the same HTTP layer as the etcd store. Shared by the CRD
-store (ipam.store.kube) and the pod source (ipam.kubepods).
+connection of ipam.httpconn (sockets + TLS: ipam.tls), the same HTTP layer as the etcd store. Shared by
+the CRD store (ipam.store.kube) and the pod source (ipam.kubepods).
 
 Why not the `kubernetes` client: every CNI call is a fresh process, and its REST layer alone (urllib3)
 is a costly import, its package __init__ more so (README: "One HTTP layer", with the figures).
@@ -19,14 +19,14 @@ Requests have bounded timeouts (connect, read) and no hidden retries of writes; 
 
 from __future__ import annotations
 
-import base64
+import binascii  # base64's functions without base64.py, which imports re (every call on this store)
 import os
-import ssl
 
 from cni import jsonio
 from cni.errors import ConfigError
 from cni.types.valueclass import field, valueclass
 from ipam.httpconn import Connection, SlowAnswer, describe, quote, urlencode
+from ipam.tls import CERT_NONE, Context, client_context
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def _named(doc: dict[str, Any], key: str, name: str, inner: str, path: str) -> d
 
 def _b64(value: Any, what: str, path: str) -> str:
     try:
-        return base64.b64decode(str(value), validate=False).decode()
+        return binascii.a2b_base64(str(value).encode("ascii")).decode()  # base64.b64decode(value)
     except (ValueError, UnicodeDecodeError):
         raise ConfigError(f"{FIELD}: {path}: {what} is not base64 PEM") from None
 
@@ -160,20 +160,20 @@ def load_kubeconfig(path: str) -> KubeConfig:
     return conf
 
 
-def tls_context(conf: KubeConfig, client_cert: str | None, client_key: str | None) -> ssl.SSLContext:
+def tls_context(conf: KubeConfig, client_cert: str | None, client_key: str | None) -> Context:
     """The server checked against the kubeconfig's CA (system CAs without one; nothing when insecure);
     the client certificate when given. ConfigError naming the field when a file cannot be loaded."""
     try:
-        ctx = ssl.create_default_context(cafile=conf.ca_file or None, cadata=conf.ca_data or None)
-    except (OSError, ssl.SSLError) as e:
+        ctx = client_context(cafile=conf.ca_file or None, cadata=conf.ca_data or None)
+    except OSError as e:  # ssl.SSLError included
         raise ConfigError(f"{FIELD}: {conf.path}: certificate-authority: {describe(e)}") from None
     if conf.insecure:
         ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
+        ctx.verify_mode = CERT_NONE
     if client_cert or client_key:
         try:
             ctx.load_cert_chain(client_cert or "", client_key)
-        except (OSError, ssl.SSLError) as e:
+        except OSError as e:
             raise ConfigError(f"{FIELD}: {conf.path}: client-certificate/client-key: {describe(e)}") from None
     return ctx
 
@@ -227,7 +227,7 @@ class Client:
             self._auth = f"Bearer {exec_token(conf)}"
         elif conf.username and initial:
             raw = f"{conf.username}:{conf.password}".encode()
-            self._auth = "Basic " + base64.b64encode(raw).decode()
+            self._auth = "Basic " + binascii.b2a_base64(raw, newline=False).decode()
 
     def target(self, path: str, query: dict[str, Any] | None = None) -> str:
         q = {k: v for k, v in (query or {}).items() if v not in (None, "")}

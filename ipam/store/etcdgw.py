@@ -1,5 +1,5 @@
 """etcd v3 through its own JSON gRPC gateway (`POST /v3/kv/range`, `/v3/kv/txn`, `/v3/auth/authenticate`;
-keys and values base64, int64s as strings), over ipam.httpconn (sockets and ssl): no grpc, no protobuf, a few
+keys and values base64, int64s as strings), over ipam.httpconn (sockets and TLS): no grpc, no protobuf, a few
 milliseconds to import. Served by every etcd since 3.4 on the client port (3.3 only under /v3beta).
 Why not the `etcd3` package: see README.md (IPAM, etcd).
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from cni.errors import ConfigError
 from ipam.digest import sha256_hex
 from ipam.httpconn import Connection, describe, split_url
 from ipam.store.base import StoreUnavailable
+from ipam.tls import Context, client_context
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
@@ -87,19 +87,19 @@ def parse_endpoints(text: str, tls: bool, field: str = "ipam.etcd_host") -> list
     return out
 
 
-def tls_context(ca_file: str, cert_file: str, key_file: str) -> ssl.SSLContext:
+def tls_context(ca_file: str, cert_file: str, key_file: str) -> Context:
     """Server verified against `ca_file` (system CAs without it); a client certificate when given."""
     if bool(cert_file) != bool(key_file):
         missing = "ipam.etcd_key_file" if cert_file else "ipam.etcd_cert_file"
         raise ConfigError(f"{missing}: required with {'etcd_cert_file' if cert_file else 'etcd_key_file'}")
     try:
-        ctx = ssl.create_default_context(cafile=ca_file or None)
-    except (OSError, ssl.SSLError) as e:
+        ctx = client_context(cafile=ca_file or None)
+    except OSError as e:  # ssl.SSLError included
         raise ConfigError(f"ipam.etcd_ca_cert_file: cannot load {ca_file}: {describe(e)}") from None
     try:
         if cert_file:
             ctx.load_cert_chain(cert_file, key_file)
-    except (OSError, ssl.SSLError) as e:
+    except OSError as e:
         raise ConfigError(f"ipam.etcd_cert_file: cannot load it with its key: {describe(e)}") from None
     return ctx
 
@@ -180,7 +180,7 @@ class Gateway:
     def __init__(
         self,
         endpoints: list[Endpoint],
-        tls: ssl.SSLContext | None = None,
+        tls: Context | None = None,
         username: str = "",
         password: str = "",
         token_cache: TokenCache | None = None,

@@ -4,11 +4,17 @@ text only (no lone surrogates), errors as DecodeError (code 6) never as a traceb
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from cni import jsonio
 from cni.errors import DecodeError
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("data", [
@@ -38,3 +44,67 @@ def test_dumps_compact_utf8_and_indented() -> None:
 def test_dumps_a_lone_surrogate_as_an_escape() -> None:
     out = jsonio.dumps({"k": "\ud800"})
     assert out == b'{"k":"\\ud800"}' and json.loads(out) == {"k": "\ud800"}
+
+
+# What the C path (`_json` without the json package) must answer exactly as json.JSONDecoder /
+# json.JSONEncoder with jsonio's settings: results, and the messages of the errors.
+DOCUMENTS = [
+    '{}', ' [] ', '\t\n{"a": {"b": [1, -2.5e3, 1E-2, 0, true, false, null]}}\r\n', '"x"', '12', '-0', '1.0',
+    '{"k": "caf\\u00e9 \\"q\\" \\\\ \\/ \\b\\f\\n\\r\\t"}', '"\\ud83d\\ude00"', '[1, [2, [3, {"d": {}}]]]',
+    '{"a": 1, "a": 2}', '"é ☃ \U0001f600"', '[' * 50 + ']' * 50,
+    # refused, each with json's own message
+    '', ' ', '{', '[1,]', '{"a" 1}', "{'a': 1}", '[1] [2]', '{"a":1} x', 'nul', 'NaN', '[-Infinity]',
+    '"\x01"',
+    '"abc', '01', '[1 2]', '{"a":1,}', '"\\x"', '"\\u12"', '\ufeff{}', '[1]\x00',
+]
+
+
+@pytest.mark.parametrize("text", DOCUMENTS)
+def test_the_c_path_answers_as_json(text: str) -> None:
+    reference = json.JSONDecoder(parse_constant=jsonio._refuse)
+    try:
+        expected: object = reference.decode(text)
+    except ValueError as e:
+        expected = (type(e), str(e))
+    try:
+        got: object = jsonio._decode(text)
+    except ValueError as e:
+        got = (type(e), str(e))
+    assert got == expected
+
+
+VALUES = [
+    {}, [], "", "é\"\\\n\x00", 0, -1, 2**70, 1.5, -0.0, 1e300, True, None, {"a": [1, {"b": None}], "c": "d"},
+    {1: "int key", 2.5: "float key", False: "bool key", None: "none key"}, (1, 2), [[[]]],
+]
+
+
+@pytest.mark.parametrize("value", VALUES)
+def test_dumps_encodes_as_json(value: object) -> None:
+    reference = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    assert jsonio.dumps(value) == reference.encode(value).encode()
+
+
+def test_dumps_errors_are_jsons_and_leave_nothing_behind() -> None:
+    reference = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    loop: list[object] = []
+    loop.append(loop)
+    for bad in ({"a": [1, object()]}, [float("inf")], loop, {(1, 2): 3}):
+        with pytest.raises((TypeError, ValueError)) as ours:
+            jsonio.dumps(bad)
+        with pytest.raises((TypeError, ValueError)) as theirs:
+            reference.encode(bad)
+        assert (type(ours.value), str(ours.value)) == (type(theirs.value), str(theirs.value))
+    # a failed encoding leaves no circular-reference marker behind: the same objects encode afterwards
+    inner = [1]
+    with pytest.raises(TypeError):
+        jsonio.dumps({"x": inner, "y": object()})
+    assert jsonio.dumps({"x": inner}) == b'{"x":[1]}'
+
+
+def test_loads_and_dumps_import_neither_json_nor_re() -> None:
+    code = ("import sys; from cni import jsonio; jsonio.loads(b'{\"a\": [1, 2.5, \"\\\\u00e9\"]}'); "
+            "jsonio.dumps({'a': [1, None]}); print(sorted({'json', 're'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True,
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert out.stdout.strip() == "[]", out.stderr
