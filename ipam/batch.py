@@ -8,7 +8,13 @@
   queues its operations on the pool's combiner and takes the combiner's lock; whoever holds it runs
   everything queued so far as one batch, so N concurrent calls on one pool cost one pool write instead
   of N racing ones, and their threads return as soon as a batch holding their operation is done. A
-  plugin process has one operation: its batch is just that one (`Combiner.run` without sharing)."""
+  plugin process has one operation: its batch is just that one (`Combiner.run` without sharing).
+- Deferred writes (the agent, `share(defer=...)`, on a store whose reservations are authoritative: the
+  engine decides): the thread running a batch answers each op as soon as it is decided (an ADD's
+  address reserved cluster-wide, a DEL's entries found), keeps deciding the calls that arrive for
+  `defer` seconds more, each answered at once, and then writes them all in one pool write. A node's
+  pods go on to their next attachment meanwhile, so one write carries many of them: fewer writes of
+  a shared pool, which the API server pays for by the pool's size, and fewer of them overlapping."""
 
 from __future__ import annotations
 
@@ -16,12 +22,17 @@ import _thread  # threading.Lock is _thread.allocate_lock; importing threading c
 import time
 from collections.abc import Callable, Hashable, Sequence, Set
 
-from cni import metrics
+from cni import log, metrics
 from cni.types.valueclass import field, valueclass
 from ipam.model import Allocation, PoolUpdate, PoolView, Segment
 from ipam.ranges import IPRange
 
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
+if TYPE_CHECKING:
+    from typing import Any
+
 MAX_BATCH = 128  # operations in one pool write (bounds a write's size and its retry cost)
+DEFER = 0.5  # the agent: seconds a batch keeps deciding (and answering) arrivals before its one write
 PACE = 1.0  # the agent's combiners: wait as long as the previous write took before the next (Combiner)
 PACE_MAX = 2.0  # seconds: the longest such wait (only writes slower than this reach it: huge pools)
 
@@ -45,6 +56,7 @@ class Op:
     freed: list[tuple[int, Allocation]] = field(default_factory=list)  # del: offsets and entries freed
     known: dict[str, str] = field(default_factory=dict)  # del: versions of the freed reservations, if known
     released: bool = False  # del: its reservations were released in its batch (the agent)
+    answered: bool = False  # decided and its caller answered; its pool write may still be to come
     reread: bool = False  # a write of its batch failed: the next attempt reads the pool as stored
     begun: float = 0.0  # when the op started
     started: float = 0.0  # when it last saw progress (its start, or a race lost to another writer)
@@ -110,6 +122,14 @@ class BatchView:
     def update(self) -> PoolUpdate:
         return PoolUpdate(put=dict(self.put), remove=frozenset(self.remove))
 
+    def mark(self) -> tuple[dict[str, Allocation], set[str], set[int]]:
+        """The decisions so far, for `restore`."""
+        return dict(self.put), set(self.remove), set(self._held)
+
+    def restore(self, mark: tuple[dict[str, Allocation], set[str], set[int]]) -> None:
+        """Back to the decisions of `mark` (those taken since are dropped)."""
+        self.put, self.remove, self._held = dict(mark[0]), set(mark[1]), set(mark[2])
+
 
 class Combiner:
     """One per pool (and store) in a process; see the module docstring.
@@ -119,14 +139,28 @@ class Combiner:
     proportion to the pool's size, and much more when writers of other nodes overlap it (the server redoes
     a write whose object changed under it): when writes are slow, the node waits as long again, so more
     operations join each write and the nodes' writes overlap less. When writes are fast the wait is as
-    short as they are. A plugin process (one operation per batch) never waits."""
+    short as they are. A plugin process (one operation per batch) never waits.
 
-    def __init__(self, pace: float = 0.0) -> None:
+    `defer` (the agent's: DEFER; 0: off): batches run in a thread of the combiner's own (a caller may
+    return before its write, so the write must not need the caller's thread or its store handle: the
+    `execute` a caller passes opens its own), started by the process' spawner thread (share), which has
+    the agent's own namespaces and directory (a call's thread takes its caller's); callers wait until
+    their ops are answered (`answer`) or done; the batch's thread takes arrivals with `more`."""
+
+    def __init__(self, pace: float = 0.0, defer: float = 0.0) -> None:
         self._turn = _thread.allocate_lock()  # held by the thread running a batch
         self._queue_lock = _thread.allocate_lock()
         self._queue: list[Op] = []
         self.pace = pace
+        self.defer = defer
         self._took = self._ended = 0.0  # the previous batch: how long it ran, when it ended (monotonic)
+        self._cv: Any = None
+        self._running = False  # deferring: a batch thread is on (it ends when the queue is empty)
+        self._execute_fn: Callable[[list[Op]], None] | None = None
+        if defer:
+            import threading  # the agent only (plugin processes never defer): costs a call ~1 ms
+
+            self._cv = threading.Condition(threading.Lock())
 
     def pending(self) -> int:
         """Operations queued and not yet taken into a batch."""
@@ -134,35 +168,127 @@ class Combiner:
             return len(self._queue)
 
     def run(self, ops: Sequence[Op], execute: Callable[[list[Op]], None]) -> None:
-        """Queue `ops`, then run batches until they are done. `execute` must leave every op of its
-        batch done or raise; a raised error becomes the error of every op of the batch not yet done."""
+        """Queue `ops`, then run batches until they are done (answered, when deferring). `execute` must
+        leave every op of its batch done or raise; a raised error becomes the error of every op of the
+        batch not yet done."""
+        if self.defer:
+            return self._run_deferred(ops, execute)
         with self._queue_lock:
             self._queue.extend(ops)
         while not all(op.done for op in ops):
             with self._turn:
                 if all(op.done for op in ops):
                     return
-                if self.pace and self._took:
-                    gap = pace_gap(self._took, time.monotonic() - self._ended, self.pace)
-                    if gap > 0:
-                        time.sleep(gap)
+                self._wait_pace()
                 with self._queue_lock:
                     batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
                 if not batch:
                     continue
-                began = time.monotonic()
+                self._execute(batch, ops, execute)
+        return None
+
+    def _wait_pace(self) -> None:
+        if self.pace and self._took:
+            gap = pace_gap(self._took, time.monotonic() - self._ended, self.pace)
+            if gap > 0:
+                time.sleep(gap)
+
+    def _execute(self, batch: list[Op], ops: Sequence[Op], execute: Callable[[list[Op]], None]) -> None:
+        began = time.monotonic()
+        try:
+            execute(batch)
+        except BaseException as e:
+            for op in batch:
+                if not op.done:
+                    if op.answered:  # its caller has its answer: what it left undone is logged here
+                        log.warning("%s %s: the pool write after its answer failed: %s",
+                                    op.owner.container_id, op.owner.ifname, e)  # fmt: skip
+                    op.error, op.done = e, True
+            if any(op in ops for op in batch) and not isinstance(e, Exception):
+                raise  # KeyboardInterrupt, SystemExit: this thread's own business
+        finally:  # each op runs in one batch: count its races lost once, when it is over
+            metrics.conflict("reservation", sum(op.claims.lost for op in batch))
+            self._ended = time.monotonic()
+            self._took = self._ended - began
+
+    # ---- deferred writes (the agent) --------------------------------------------------------------
+
+    def _run_deferred(self, ops: Sequence[Op], execute: Callable[[list[Op]], None]) -> None:
+        cv = self._cv
+        with cv:
+            self._queue.extend(ops)
+            self._execute_fn = execute  # the latest caller's: any will do, each opens its own handle
+            if not self._running:
+                self._running = True
+                _spawn(self._batches)
+            cv.notify_all()  # a running batch may take them (more)
+            while not all(op.done or op.answered for op in ops):
+                cv.wait()
+
+    def _batches(self) -> None:
+        """The combiner's batch thread: batches until the queue is empty."""
+        cv = self._cv
+        while True:
+            with cv:
+                if not self._queue:
+                    self._running = False
+                    cv.notify_all()
+                    return
+                execute = self._execute_fn
+            # no pacing: the window (defer) already spaces the writes, and calls that arrive while no
+            # window is open (a write or a wait in progress) would only wait longer for their answer
+            with cv:
+                batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+            if batch and execute is not None:
                 try:
-                    execute(batch)
-                except BaseException as e:
-                    for op in batch:
-                        if not op.done:
-                            op.error, op.done = e, True
-                    if any(op in ops for op in batch) and not isinstance(e, Exception):
-                        raise  # KeyboardInterrupt, SystemExit: this thread's own business
-                finally:  # each op runs in one batch: count its races lost once, when it is over
-                    metrics.conflict("reservation", sum(op.claims.lost for op in batch))
-                    self._ended = time.monotonic()
-                    self._took = self._ended - began
+                    self._execute(batch, (), execute)
+                finally:  # `batch` grew by the arrivals it answered: all written (or failed) now
+                    _unwritten(-sum(op.answered for op in batch))
+            with cv:
+                cv.notify_all()
+
+    def answer(self, ops: Sequence[Op]) -> None:
+        """The batch's thread: these ops are decided; their callers may return (deferring only)."""
+        if self._cv is None:
+            return
+        with self._cv:
+            fresh = [op for op in ops if not op.answered and not op.done]
+            for op in fresh:
+                op.answered = True
+            self._cv.notify_all()
+        _unwritten(len(fresh))
+
+    def more(self, room: int, timeout: float) -> list[Op]:
+        """The batch's thread: ops queued since it began (waiting up to `timeout` s for one), at most
+        `room` of them; none when not deferring."""
+        if self._cv is None or room <= 0:
+            return []
+        with self._cv:
+            if not self._queue and timeout > 0:
+                self._cv.wait(timeout)
+            taken, self._queue = self._queue[:room], self._queue[room:]
+            return taken
+
+    def requeue(self, ops: Sequence[Op]) -> None:
+        """The batch's thread: ops it took with `more` but did not decide, back at the queue's head."""
+        if ops and self._cv is not None:
+            with self._cv:
+                self._queue[:0] = ops
+                self._cv.notify_all()
+
+    def settle(self, timeout: float = 30.0) -> bool:
+        """Wait until no batch runs and none is queued: every answered op written (or failed). A CHECK
+        or GC reads the pool after this. False on timeout."""
+        if self._cv is None:
+            return True
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._running or self._queue:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
 
 
 def pace_gap(took: float, since: float, pace: float = PACE, longest: float = PACE_MAX) -> float:
@@ -175,14 +301,25 @@ def pace_gap(took: float, since: float, pace: float = PACE, longest: float = PAC
 class _Registry:
     enabled = False
     pace = 0.0
+    defer = 0.0
+    unwritten = 0  # answered ops of every combiner whose write is still to come
+    spawner: Any = None  # deferring: queue.SimpleQueue of functions to start threads for
     lock = _thread.allocate_lock()
     combiners: dict[Hashable, Combiner] = {}
 
 
-def share(enabled: bool = True, pace: float = PACE) -> None:
+def share(enabled: bool = True, pace: float = PACE, defer: float = 0.0) -> None:
     """The agent turns this on once: concurrent calls of the process on one pool then share writes,
-    paced by `pace` (Combiner)."""
-    _Registry.enabled, _Registry.pace = enabled, pace
+    paced by `pace`, answered early and written together for `defer` seconds where the engine allows
+    (Combiner)."""
+    _Registry.enabled, _Registry.pace, _Registry.defer = enabled, pace, defer
+    if enabled and defer and _Registry.spawner is None:
+        import queue
+        import threading
+
+        _Registry.spawner = queue.SimpleQueue()
+        spawner = threading.Thread(target=_spawner, args=(_Registry.spawner,), name="spawner", daemon=True)
+        spawner.start()
     if not enabled:
         with _Registry.lock:
             _Registry.combiners.clear()
@@ -200,5 +337,42 @@ def combiner(key: Hashable) -> Combiner:
     with _Registry.lock:
         found = _Registry.combiners.get(key)
         if found is None:
-            found = _Registry.combiners[key] = Combiner(_Registry.pace)
+            found = _Registry.combiners[key] = Combiner(_Registry.pace, _Registry.defer)
         return found
+
+
+def settle_all(timeout: float = 30.0) -> bool:
+    """Every combiner of the process settled (Combiner.settle): the agent, before it exits, so that no
+    answered op is left unwritten. False if one did not within `timeout` seconds in all."""
+    deadline = time.monotonic() + timeout
+    with _Registry.lock:
+        combiners = list(_Registry.combiners.values())
+    return all(c.settle(max(0.0, deadline - time.monotonic())) for c in combiners)
+
+
+def _spawner(requests: Any) -> None:
+    """The thread share() starts, in the caller's (the agent's start-up) namespaces and directory:
+    starts each combiner's batch thread there."""
+    import threading
+
+    while True:
+        target = requests.get()
+        threading.Thread(target=target, name="batch", daemon=True).start()
+
+
+def _spawn(target: Callable[[], None]) -> None:
+    spawner = _Registry.spawner
+    if spawner is None:  # deferring without share() (a test's own Combiner): a thread of the caller's
+        import threading
+
+        threading.Thread(target=target, name="batch", daemon=True).start()
+    else:
+        spawner.put(target)
+
+
+def _unwritten(change: int) -> None:
+    if change:
+        with _Registry.lock:
+            _Registry.unwritten += change
+            now = _Registry.unwritten
+        metrics.sink().unwritten(now)

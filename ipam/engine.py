@@ -5,7 +5,13 @@ Overlapping ranges (one reservation per IP, cluster-wide): on ADD the reservatio
 pool is written, so no two pools can commit the same IP; on DEL the pool is released first and the
 reservation after. A crash between the two steps leaves at worst a reservation without a pool entry
 (an address parked, never one handed out twice); the same owner's next ADD reuses it, its DEL frees it
-(ipam.reservations: Reservations.sweep), and GC and the reconciler free it once the owner is gone."""
+(ipam.reservations: Reservations.sweep), and GC and the reconciler free it once the owner is gone.
+
+In the agent, on the Kubernetes store with overlapping ranges (the reservations authoritative), a call is
+answered once its batch decided it (ipam.batch: deferred writes): an ADD when its
+address is reserved, a DEL when its entries are found; the pool write that follows carries every call
+decided within DEFER seconds. Until it lands the address is held by its reservation alone, as after a
+crash between the two steps above; a CHECK or GC of the pool waits for it (Combiner.settle)."""
 
 from __future__ import annotations
 
@@ -40,8 +46,14 @@ def spread(claims: Claims) -> int:
 
 
 class Engine:
-    def __init__(self, store: Store, conf: IpamConfig, retry: Retry | None = None) -> None:
+    def __init__(
+        self, store: Store, conf: IpamConfig, retry: Retry | None = None,
+        reopen: Callable[[], contextlib.AbstractContextManager[Store]] | None = None,
+    ) -> None:  # fmt: skip
+        """`reopen`: a handle of the store for a deferred batch's own thread (default: a handle of
+        conf.store from ipam.store.handles, warm in the agent)."""
         self.store, self.conf, self.retry = store, conf, retry or Retry()
+        self.reopen = reopen
         s = conf.store
         self.identity = f"{s.datastore}|{s.kubernetes.kubeconfig}|{s.etcd.host}|{s.local_db}"
         cluster = s.datastore in CLUSTER_STORES
@@ -52,6 +64,8 @@ class Engine:
         # Node slices too: a slice pool has one writer, but each of its writes still pays for its size
         # (the reconciler finds a slice pool's entry by the node its reservation records)
         self.lean = conf.overlapping and s.datastore == "kubernetes"
+        # the agent may answer a call on overlapping ranges before its pool write (module docstring)
+        self.defers = s.datastore == "kubernetes"
         self.reservations = Reservations(store, conf, self.retry, self.pool_name, self._atomic)
 
     def pool_name(self, rng: IPRange) -> str:
@@ -110,10 +124,14 @@ class Engine:
             path = nodelock.path_for(self.lock_dir, self.identity, ops[0].owner.node, name)
             ticket = nodequeue.publish(path, ops)
 
-        def execute(group: list[Op]) -> None:
-            self._retrying(what, lambda: self._step(name, group, ticket))
+        def here(group: list[Op]) -> None:  # `group` grows by the ops a deferred batch takes
+            self._retrying(what, lambda: self._step(name, group, ticket, group))
             if batch.sharing():
                 self._release_freed(group)
+
+        execute: Callable[[list[Op]], None] = here
+        if batch.sharing() and batch.combiner((self.identity, name)).defer:  # run by the combiner's thread
+            execute = self._deferred(name, what)
 
         try:
             batch.combiner((self.identity, name)).run(ops, execute)
@@ -124,7 +142,24 @@ class Engine:
             if op.error is not None:
                 raise op.error
 
-    def _step(self, name: str, ops: list[Op], ticket: nodequeue.Ticket | None = None) -> None:
+    def _deferred(self, name: str, what: str) -> Callable[[list[Op]], None]:
+        """A batch of pool `name` as the combiner's own thread runs it when writes are deferred: with a
+        store handle and an engine of its own (the callers' may be back at work elsewhere)."""
+        conf, retry, reopen = self.conf, self.retry, self.reopen
+
+        def execute(group: list[Op]) -> None:
+            from ipam.store.handles import store_for
+
+            with reopen() if reopen is not None else store_for(conf.store) as store:
+                engine = Engine(store, conf, retry, reopen)
+                engine._retrying(what, lambda: engine._step(name, group, None, group))
+                engine._release_freed(group)
+
+        return execute
+
+    def _step(
+        self, name: str, ops: list[Op], ticket: nodequeue.Ticket | None = None, grow: list[Op] | None = None
+    ) -> None:
         """One read-modify-write of pool `name` for every op of the batch not yet done: each decided in
         turn against the pool plus the decisions before it, then one write. A Conflict on the write
         leaves every op pending (the retry reads the pool again; reservations already made are kept).
@@ -146,7 +181,12 @@ class Engine:
 
         A plugin process (`ticket`: its ops in the node's queue, ipam.nodequeue) that gets the lock
         after another holder decided its ops is done without a request; a holder takes the ops other
-        plugin processes left in the queue into its batch and answers them once its write succeeded."""
+        plugin processes left in the queue into its batch and answers them once its write succeeded.
+
+        Deferred writes (the agent's combiner defers and `self.defers`): the ops decided are answered
+        before the write, and for DEFER seconds the calls that arrive are decided on the same view and
+        answered too (appended to `grow`, the batch's list, so that a retry of the write keeps them);
+        then one write for all. A retry decides an answered ADD on its address again (_decide_add)."""
         pending = [op for op in ops if not op.done]
         if not pending:
             return
@@ -156,14 +196,14 @@ class Engine:
             if taken is None:
                 return  # decided and written by another call on this node
             try:
-                self._locked_step(name, rng, lock, ticket, pending, taken)
+                self._locked_step(name, rng, lock, ticket, pending, taken, grow)
             except BaseException:
                 nodequeue.hand_back(taken)
                 raise
 
     def _locked_step(
         self, name: str, rng: IPRange, lock: nodelock.Held | None, ticket: nodequeue.Ticket | None,
-        pending: list[Op], taken: nodequeue.Taken,
+        pending: list[Op], taken: nodequeue.Taken, grow: list[Op] | None = None,
     ) -> None:  # fmt: skip
         """_step's attempt under the node lock, `taken` the other calls' operations it serves."""
         began = time.monotonic()
@@ -171,6 +211,10 @@ class Engine:
         hot = None if lock is None else lock.hot()
         lost = sum(op.claims.lost for op in pending)
         view, changes, decided, cached = self._decide_batch(rng, lock, pending, hot)
+        comb = batch.combiner((self.identity, name)) if self.defers and batch.sharing() else None
+        if comb is not None and comb.defer and grow is not None:
+            comb.answer([op for op in decided if op.overlapping])  # the others wait for the write
+            decided += self._decide_arrivals(comb, view, changes, hot, cached, pending, grow)
         if lock is not None and sum(op.claims.lost for op in pending) > lost:
             lock.heat(HOT_SECONDS)  # races lost to other nodes: the next calls here spread at once
         version = view.version
@@ -197,6 +241,45 @@ class Engine:
             if op.kind == "add":
                 log.debug("%s %s: %s (%s)", op.owner.container_id, op.owner.ifname,
                           op.rng.address(op.offsets[0]), name)  # fmt: skip
+
+    def _decide_arrivals(
+        self, comb: batch.Combiner, view: PoolView, changes: BatchView, hot: bool | None, cached: bool,
+        pending: list[Op], grow: list[Op],
+    ) -> list[Op]:  # fmt: skip
+        """Deferred writes (see _step): for comb.defer seconds decide and answer the ops that arrive, on
+        the batch's view after its decisions; the ops so decided. An arrival that fails here (a pool
+        full on this view, a snapshot found stale, the store out of reach) or a DEL that finds nothing
+        on it goes back to the queue: the next batch decides it on the pool as its rules read it."""
+        decided: list[Op] = []
+        deadline = time.monotonic() + comb.defer
+        while (left := deadline - time.monotonic()) > 0 and len(pending) < batch.MAX_BATCH:
+            arrived = comb.more(batch.MAX_BATCH - len(pending), left)
+            if not arrived:
+                continue
+            for op in arrived:
+                op.started = op.begun = self.retry.clock()
+            lost = [op.claims.lost for op in arrived]
+            more: list[Op] = []
+            mark = changes.mark()
+            try:
+                _, more, _ = self._decide_all(view, arrived, hot, snapshot=cached, changes=changes)
+            except _Stale:
+                changes.restore(mark)  # none of them is written with this batch
+            finally:  # raised or not: what was not decided goes back, as it came; so does a DEL that
+                # found nothing on this view (the next batch looks at the pool as stored first)
+                more = [op for op in more if op.kind == "add" or op.freed]
+                failed = [op for op in arrived if op not in more]
+                for op, n in zip(arrived, lost, strict=True):
+                    if op in failed:
+                        op.claims.lost, op.error, op.done = n, None, False
+                comb.requeue(failed)
+            grow += more
+            pending += more
+            decided += more
+            comb.answer([op for op in more if op.overlapping])
+            if failed:
+                break
+        return decided
 
     def _decide_batch(
         self, rng: IPRange, lock: nodelock.Held | None, pending: list[Op], hot: bool | None
@@ -322,12 +405,14 @@ class Engine:
             lock.keep_floor(version)
 
     def _decide_all(
-        self, view: PoolView, pending: list[Op], hot: bool | None, snapshot: bool = False
-    ) -> tuple[BatchView, list[Op], bool]:
-        """Decide every op on `view`: (the changes, the ops decided, whether any reservation was created
-        on the way). An op's own failure is final for it. On the node's `snapshot`, _Stale as soon as
-        a candidate's reservation shows it out of date."""
-        changes = BatchView(view)
+        self, view: PoolView, pending: list[Op], hot: bool | None, snapshot: bool = False,
+        changes: BatchView | None = None,
+    ) -> tuple[BatchView, list[Op], bool]:  # fmt: skip
+        """Decide every op on `view` (after the decisions already in `changes`, if given): (the changes,
+        the ops decided, whether any reservation was created on the way). An op's own failure is final
+        for it. On the node's `snapshot`, _Stale as soon as a candidate's reservation shows it out of
+        date."""
+        changes = changes if changes is not None else BatchView(view)
         decided = []
         created = sum(len(op.claims.created) for op in pending)
         for op in pending:
@@ -353,6 +438,9 @@ class Engine:
         # nodes are racing on (`hot`): each candidate is the lowest free address after a random point
         # of the range, so the nodes' writers stop meeting on the same few lowest addresses
         serial = self.store.serial
+        if op.answered and op.offsets:  # answered before its write: it keeps that address, or nothing
+            self._decide_answered(op, changes)
+            return
         while True:
             scatter = not serial and hot is not None and (hot or op.claims.lost > 0)
             width = 1 if serial or scatter else spread(op.claims)
@@ -386,6 +474,22 @@ class Engine:
             changes.apply(update)
             op.offsets = [decision.offset]
             return
+
+    def _decide_answered(self, op: Op, changes: BatchView) -> None:
+        """An ADD answered before its pool write, decided again after the write failed: its address
+        again (its reservation is this call's: no request). Should the pool now give that address to
+        another entry (a writer that ignores reservations), the entry is not written: said in the log,
+        the reservation still holds the address for the attachment that was told it."""
+        want = op.offsets[0]
+        decision = allocator.allocate(op.rng, changes, op.owner, frozenset(), [want])
+        if decision.offset != want:
+            log.error("%s %s: %s was answered, but pool %s now holds it for another entry: not written",
+                      op.owner.container_id, op.owner.ifname, op.rng.address(want), changes.name)  # fmt: skip
+            return
+        update = decision.update
+        if self.lean and update.put:
+            update = PoolUpdate(put={k: a.bare() for k, a in update.put.items()}, remove=update.remove)
+        changes.apply(update)
 
     # ---- ADD --------------------------------------------------------------------------------------
 
@@ -427,7 +531,7 @@ class Engine:
         """Release one range; False when the pool held nothing of this attachment."""
         op = Op("del", rng, owner, self.conf.overlapping)
         self._run([op])
-        if not op.released:
+        if not op.released and not op.answered:  # answered early: its batch releases them after the write
             self._release(op)
         return bool(op.freed)
 
@@ -469,8 +573,14 @@ class Engine:
 
     # ---- CHECK / GC -------------------------------------------------------------------------------
 
+    def _settle(self, rng: IPRange) -> None:
+        """The agent: the pool's answered calls written before it is read for CHECK or GC."""
+        if self.defers and batch.sharing():
+            batch.combiner((self.identity, self.pool_name(rng))).settle()
+
     def check(self, owner: Allocation) -> None:
         for rng in self.conf.ranges:
+            self._settle(rng)
             with self._atomic():
                 hit = allocator.find(self._view(rng), owner)
             if hit is None:
@@ -501,6 +611,7 @@ class Engine:
                 errors.append(e)
         extras = by_attachment(owners.values())
         for rng in self.conf.ranges:
+            self._settle(rng)
             try:
                 self._retrying(f"GC in {rng.cidr}", lambda rng=rng: self._release_where(rng, stale, extras))  # type: ignore[misc]
             except CniError as e:

@@ -88,6 +88,16 @@ class Agent:
         assert lines, f"no metrics endpoint in the agent's log: {self.log.read_text(errors='replace')}"
         return lines[-1].rsplit(" ", 1)[1]
 
+    def unwritten(self) -> float:
+        """IPAM calls it answered whose pool write is still to come (its pycni_ipam_unwritten_calls)."""
+        import urllib.request
+
+        with urllib.request.urlopen(self.metrics_url(), timeout=10) as answer:
+            for line in answer.read().decode().splitlines():
+                if line.startswith("pycni_ipam_unwritten_calls "):
+                    return float(line.split()[1])
+        return 0.0  # the gauge appears once the agent deferred a write
+
     def served(self, what: str = "") -> list[str]:
         """Log lines of served requests ('served <plugin> <COMMAND> rc=N ...'), optionally filtered."""
         lines = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []

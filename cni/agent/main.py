@@ -20,6 +20,7 @@ from cni.agent.client import DEFAULT_SOCKET
 from cni.metrics import parse_address
 
 METRICS_ENV = "PYCNI_METRICS"
+DEFER_WRITES = 0.5  # == ipam.batch.DEFER, without importing it
 DEFAULT_METRICS = "127.0.0.1:9736"  # == cni.exporter.default_address(AGENT), without importing it
 BIND_RETRY = 5.0  # seconds between attempts to bind a metrics address that was taken
 
@@ -36,7 +37,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     type=metrics_address,
                     help="serve Prometheus metrics on HOST:PORT (port 0: any free one), or `off` "
                          f"(default {DEFAULT_METRICS}, or ${METRICS_ENV})")
-    return ap.parse_args(argv)
+    ap.add_argument("--defer-writes", type=float, default=DEFER_WRITES, metavar="SECONDS",
+                    help="Kubernetes store, overlapping ranges: answer a call once its address is "
+                         "reserved and write the pool for the calls of this many seconds at once "
+                         f"(0: a write per batch, each call waiting for it; default {DEFER_WRITES:g})")
+    args = ap.parse_args(argv)
+    if not 0 <= args.defer_writes <= 60:
+        ap.error("--defer-writes: between 0 and 60 seconds")
+    return args
 
 
 def metrics_address(text: str) -> tuple[str, int] | None:
@@ -88,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from ipam.store.handles import keep_warm
 
     # every plugin, tool, IPAM and store module; cluster store connections outlive a request
-    warm(LAZY_MODULES, hooks=(keep_warm,))
+    warm(LAZY_MODULES, hooks=(lambda: keep_warm(defer=args.defer_writes),))
     agent = Agent(args.socket, build_id(), max_inflight=args.max_inflight)
     try:
         agent.bind()
@@ -104,4 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     agent.serve(args.grace)
+    from ipam.store.handles import settle
+
+    if not settle(args.grace):  # answered calls whose pool write is still to come
+        say("stopping with pool writes still to come: their addresses stay reserved, not in their pools")
     return 0

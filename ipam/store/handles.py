@@ -30,15 +30,22 @@ class _Cache:
     idle: dict[StoreConfig, list[tuple[float, float, Store]]] = {}  # conf -> [(opened, last used, handle)]
 
 
-def keep_warm(enabled: bool = True) -> None:
+def keep_warm(enabled: bool = True, defer: float = 0.0) -> None:
     """The agent calls this once at start-up; plugin processes never do. Concurrent calls on one pool
-    then also share its writes (ipam.batch.share)."""
+    then also share its writes, deferred by `defer` seconds where the engine allows (ipam.batch.share)."""
     from ipam import batch
 
-    batch.share(enabled)
+    batch.share(enabled, defer=defer)
     _Cache.enabled = enabled
     if not enabled:
         clear()
+
+
+def settle(timeout: float) -> bool:
+    """The agent, stopping: every deferred pool write done (ipam.batch.settle_all); False on timeout."""
+    from ipam import batch
+
+    return batch.settle_all(timeout)
 
 
 def clear() -> None:

@@ -210,6 +210,11 @@ class Impl:
         """Long-lived processes of the implementation on the nodes (pycni's agents); none by default."""
         return []
 
+    def settle(self, timeout: float = 60.0) -> float:
+        """After a phase's last call: seconds until every write its calls were answered before has
+        landed (pycni's agents: deferred pool writes); counted in the phase's wall time."""
+        return 0.0
+
     def close(self) -> None:
         pass
 
@@ -570,6 +575,7 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
     before_served = impl.served()
     before = measure(server, impl)
     adds, wall = run_phase(impl, wl, "ADD", list(pods.values()))
+    wall += impl.settle()
     after = measure(server, impl)
     served = impl.served()
     if wl.mode == "slices":
@@ -584,6 +590,7 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
         started.setdefault(c.pod, []).append(c.net)
     before = measure(server, impl)
     dels, wall = run_phase(impl, wl, "DEL", [pods[i] for i in sorted(started)], started)
+    wall += impl.settle()
     after = measure(server, impl)
     served2 = impl.served()
     problems = check_after_del(tenant)
@@ -641,7 +648,8 @@ class Upstream(Impl):
 class Pycni(Impl):
     """pycni's whereabouts: frozen (`bundle`) or from source, in-process or through per-node agents."""
 
-    def __init__(self, bundle: Path | None, agents: int = 0, scratch: Path | None = None) -> None:
+    def __init__(self, bundle: Path | None, agents: int = 0, scratch: Path | None = None,
+                 agent_args: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.bundle = bundle
         self.label = "pycni+agent" if agents else "pycni"
         self.agents: dict[str, agentutil.Agent] = {}
@@ -654,7 +662,7 @@ class Pycni(Impl):
                     for k in range(agents):
                         node = f"node-{k}"
                         self.agents[node] = agentutil.Agent(
-                            where / f"{node}.sock", where / f"{node}.log").start()
+                            where / f"{node}.sock", where / f"{node}.log", *agent_args).start()
                 except BaseException:
                     self.close()
                     raise
@@ -688,6 +696,15 @@ class Pycni(Impl):
 
     def helper_pids(self) -> list[int]:
         return [agent.pid for agent in self.agents.values()]
+
+    def settle(self, timeout: float = 60.0) -> float:
+        start = time.monotonic()
+        waiting = list(self.agents.values())
+        while waiting and time.monotonic() - start < timeout:
+            waiting = [a for a in waiting if a.unwritten() > 0]
+            if waiting:
+                time.sleep(0.02)
+        return time.monotonic() - start if self.agents else 0.0
 
     def served(self) -> Counter[str]:
         out: Counter[str] = Counter()
@@ -744,6 +761,7 @@ def uncontended(impl: Impl, tenant: kubeup.Tenant, scratch: Path, runs: int, pre
         if isinstance(impl, Pycni) and impl.agents:  # the same calls as the agent timed them
             inside = impl.inside_ms(command, "node-0")[-len(times):] or [0.0]
             out[command]["agent_median_ms"] = statistics.median(inside)
+    impl.settle()  # the agents' deferred pool writes landed
     out["left"] = check_after_del(tenant)
     return out
 

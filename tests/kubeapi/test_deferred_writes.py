@@ -1,0 +1,53 @@
+"""The agent's deferred pool writes (`pycni-agent --defer-writes`, ipam.batch) on the real kube-apiserver:
+an ADD is answered once its address is reserved (OverlappingRangeIPReservation), before the IPPool
+write. An agent killed (SIGKILL) inside that window leaves the address held by its reservation alone:
+another node's ADD does not get it, and the pod's DEL frees the reservation (Reservations.sweep).
+Nothing is ever handed out twice. The agent runs from source, a plugin call is a fresh process."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import kubeup
+from tests.bench.ipam_scale import Pod, Pycni, Workload, held, network_config, one_call
+from tests.nsutil import is_root
+
+WL = Workload(pods=2, networks=1, nodes=1, concurrency=1, mode="shared", budget=120.0, call_timeout=60.0)
+
+
+def test_an_agent_killed_before_its_deferred_write(tenant: kubeup.Tenant, tmp_path: Path) -> None:
+    if not is_root():
+        pytest.skip("the agent serves root only")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    agent = Pycni(None, agents=1, scratch=tmp_path / "a", agent_args=("--defer-writes", "60"))
+    try:
+        agent.setup(tenant, tmp_path / "a")
+        first = one_call(agent, WL, "ADD", Pod(0, tenant.namespace, "k"), 1,
+                         {1: network_config(agent, WL, 1)}, time.monotonic() + 60)  # fmt: skip
+        assert first.ok, first.error
+        assert agent.served()["ADD"] == 1  # answered by the agent, not in-process
+        # answered with its reservation made and its pool write still to come (a 60 s window)
+        assert [r for r in tenant.reservations() if r.endswith(first.ip)] != []
+        assert first.ip not in [ip for _, ip, _ in held(tenant)]
+        node = agent.agents["node-0"]
+        assert node.unwritten() == 1
+        node.signal(signal.SIGKILL)
+        assert node.proc is not None and node.proc.wait(30) == -signal.SIGKILL
+    finally:
+        agent.close()
+    solo = Pycni(None, agents=0, scratch=tmp_path / "b")
+    solo.setup(tenant, tmp_path / "b")
+    confs = {1: network_config(solo, WL, 1)}
+    second = one_call(solo, WL, "ADD", Pod(1, tenant.namespace, "k"), 1, confs, time.monotonic() + 60)
+    assert second.ok, second.error
+    assert second.ip != first.ip  # the reservation alone kept the address from being handed out again
+    gone = one_call(solo, WL, "DEL", Pod(0, tenant.namespace, "k"), 1, confs, time.monotonic() + 60)
+    assert gone.ok, gone.error
+    assert [ip for _, ip, _ in held(tenant)] == [second.ip]
+    assert [r for r in tenant.reservations() if r.endswith(first.ip)] == []
+    assert len(tenant.reservations()) == 1
