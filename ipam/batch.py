@@ -143,9 +143,10 @@ class Combiner:
 
     `defer` (the agent's: DEFER; 0: off): batches run in a thread of the combiner's own (a caller may
     return before its write, so the write must not need the caller's thread or its store handle: the
-    `execute` a caller passes opens its own), started by the process' spawner thread (share), which has
-    the agent's own namespaces and directory (a call's thread takes its caller's); callers wait until
-    their ops are answered (`answer`) or done; the batch's thread takes arrivals with `more`."""
+    `execute` a caller passes opens its own), started by the call that finds none running, so it has
+    that call's network namespace and directory (the agent's call threads take their caller's: the
+    store is reached as the plugin process would reach it); callers wait until their ops are answered
+    (`answer`) or done; the batch's thread takes arrivals with `more`."""
 
     def __init__(self, pace: float = 0.0, defer: float = 0.0) -> None:
         self._turn = _thread.allocate_lock()  # held by the thread running a batch
@@ -219,8 +220,10 @@ class Combiner:
             self._queue.extend(ops)
             self._execute_fn = execute  # the latest caller's: any will do, each opens its own handle
             if not self._running:
+                import threading  # (imported by __init__ already: deferring)
+
                 self._running = True
-                _spawn(self._batches)
+                threading.Thread(target=self._batches, name="pool-batch", daemon=True).start()
             cv.notify_all()  # a running batch may take them (more)
             while not all(op.done or op.answered for op in ops):
                 cv.wait()
@@ -303,7 +306,6 @@ class _Registry:
     pace = 0.0
     defer = 0.0
     unwritten = 0  # answered ops of every combiner whose write is still to come
-    spawner: Any = None  # deferring: queue.SimpleQueue of functions to start threads for
     lock = _thread.allocate_lock()
     combiners: dict[Hashable, Combiner] = {}
 
@@ -313,13 +315,6 @@ def share(enabled: bool = True, pace: float = PACE, defer: float = 0.0) -> None:
     paced by `pace`, answered early and written together for `defer` seconds where the engine allows
     (Combiner)."""
     _Registry.enabled, _Registry.pace, _Registry.defer = enabled, pace, defer
-    if enabled and defer and _Registry.spawner is None:
-        import queue
-        import threading
-
-        _Registry.spawner = queue.SimpleQueue()
-        spawner = threading.Thread(target=_spawner, args=(_Registry.spawner,), name="spawner", daemon=True)
-        spawner.start()
     if not enabled:
         with _Registry.lock:
             _Registry.combiners.clear()
@@ -348,26 +343,6 @@ def settle_all(timeout: float = 30.0) -> bool:
     with _Registry.lock:
         combiners = list(_Registry.combiners.values())
     return all(c.settle(max(0.0, deadline - time.monotonic())) for c in combiners)
-
-
-def _spawner(requests: Any) -> None:
-    """The thread share() starts, in the caller's (the agent's start-up) namespaces and directory:
-    starts each combiner's batch thread there."""
-    import threading
-
-    while True:
-        target = requests.get()
-        threading.Thread(target=target, name="batch", daemon=True).start()
-
-
-def _spawn(target: Callable[[], None]) -> None:
-    spawner = _Registry.spawner
-    if spawner is None:  # deferring without share() (a test's own Combiner): a thread of the caller's
-        import threading
-
-        threading.Thread(target=target, name="batch", daemon=True).start()
-    else:
-        spawner.put(target)
 
 
 def _unwritten(change: int) -> None:

@@ -22,6 +22,18 @@ from cni.agent import proto
 from tests.nsutil import REPO
 
 START_TIMEOUT = 60.0  # importing the plugins and the IPAM on a loaded 2-core machine
+RUNNING: set[Agent] = set()  # agents this process started and has not stopped (settled() waits on them)
+
+
+def settled(timeout: float = 30.0) -> None:
+    """Until every running agent of this test process wrote the pools of the calls it answered early
+    (`pycni-agent --defer-writes`: on the Kubernetes store an agent answers a call once its address is
+    reserved); a test reading a pool after a call through an agent first waits for this."""
+    deadline = time.monotonic() + timeout
+    for agent in list(RUNNING):
+        while agent.proc is not None and agent.proc.poll() is None and agent.unwritten() > 0:
+            assert time.monotonic() < deadline, f"the agent did not write its answered calls ({agent.log})"
+            time.sleep(0.02)
 
 
 def command() -> list[str]:
@@ -62,6 +74,7 @@ class Agent:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"agent not serving {self.sock} after {START_TIMEOUT} s")
             time.sleep(0.05)
+        RUNNING.add(self)
         return self
 
     @property
@@ -74,6 +87,7 @@ class Agent:
         self.proc.send_signal(sig)
 
     def stop(self, timeout: float = 60.0) -> int:
+        RUNNING.discard(self)
         if self.proc is None:
             return 0
         if self.proc.poll() is None:

@@ -72,6 +72,7 @@ class Node:
                 raise RuntimeError(f"node agent not serving {sock} after {agentutil.START_TIMEOUT} s")
             time.sleep(0.05)
         self.agent_socket = sock
+        agentutil.RUNNING.add(agent)
         try:
             yield agent
         finally:

@@ -25,7 +25,7 @@ import pytest
 
 from cni import jsonio
 from ipam.store.local import LocalStore
-from tests import kubeup
+from tests import agentutil, kubeup
 from tests.e2e import bundle_driver
 from tests.e2e.node import Node
 from tests.nsutil import Call, Topology
@@ -168,7 +168,7 @@ def test_macvlan_whereabouts_on_the_real_server(tool: Cnitool, tenant: kubeup.Te
         a, b = topo.pod("a"), topo.pod("b")
         check_add(tool, tool.run("add", "kmv", a), a, "198.18.64.20/24", "macvlan")
         check_add(tool, tool.run("add", "kmv", b), b, "198.18.64.21/24", "macvlan")
-        assert tool.run("check", "kmv", a).ok
+        assert tool.run("check", "kmv", a).ok  # (through the agent: after the ADDs' pool write)
         pool = tenant.pools()["198.18.64.0-24"]
         assert {k: v["id"] for k, v in pool.items()} == {"20": container_id(a), "21": container_id(b)}
         assert sorted(tenant.reservations()) == ["198.18.64.20", "198.18.64.21"]
@@ -178,6 +178,7 @@ def test_macvlan_whereabouts_on_the_real_server(tool: Cnitool, tenant: kubeup.Te
         assert gc.ok, gc.stderr
         assert gc.stderr.count(NO_LIST) == 1, gc.stderr
         assert topo.link(a, "net1") is None
+        agentutil.settled()  # the agent answers a DEL before its pool write (--defer-writes)
         assert {k: v["id"] for k, v in tenant.pools()["198.18.64.0-24"].items()} == {"21": container_id(b)}
         assert sorted(tenant.reservations()) == ["198.18.64.21"]
 
@@ -185,6 +186,7 @@ def test_macvlan_whereabouts_on_the_real_server(tool: Cnitool, tenant: kubeup.Te
             delete = tool.run("del", "kmv", b)
             assert delete.ok, delete.stderr
             assert topo.link(b, "net1") is None
+            agentutil.settled()
             assert tenant.pools()["198.18.64.0-24"] == {}
             assert tenant.reservations() == {}
     finally:

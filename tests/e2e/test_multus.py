@@ -33,7 +33,7 @@ import yaml
 
 from cni import jsonio
 from cni.registry import PLUGINS
-from tests import kubeup, launch
+from tests import agentutil, kubeup, launch
 from tests.devlab import NIC_PCI, VF_PCIS, Lab
 from tests.e2e import bundle_driver
 from tests.e2e.node import Node
@@ -204,6 +204,9 @@ def pool_name(cidr: str) -> str:
 
 
 def entries(mn: MultusNode) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The namespace's pool entries and reservations, once the node's agent (if any) has written what
+    it answered (`--defer-writes`: an agent answers a call before its pool write)."""
+    agentutil.settled()
     return ({k: v for k, v in mn.tenant.pools().items() if v}, mn.tenant.reservations())
 
 
