@@ -157,6 +157,7 @@ class Combiner:
         self._took = self._ended = 0.0  # the previous batch: how long it ran, when it ended (monotonic)
         self._cv: Any = None
         self._running = False  # deferring: a batch thread is on (it ends when the queue is empty)
+        self._finished = 0  # deferring: batches done (settle waits for those under way when it began)
         self._execute_fn: Callable[[list[Op]], None] | None = None
         if defer:
             import threading  # the agent only (plugin processes never defer): costs a call ~1 ms
@@ -248,6 +249,7 @@ class Combiner:
                 finally:  # `batch` grew by the arrivals it answered: all written (or failed) now
                     _unwritten(-sum(op.answered for op in batch))
             with cv:
+                self._finished += 1
                 cv.notify_all()
 
     def answer(self, ops: Sequence[Op]) -> None:
@@ -279,14 +281,16 @@ class Combiner:
                 self._queue[:0] = ops
                 self._cv.notify_all()
 
-    def settle(self, timeout: float = 30.0) -> bool:
-        """Wait until no batch runs and none is queued: every answered op written (or failed). A CHECK
-        or GC reads the pool after this. False on timeout."""
+    def settle(self, timeout: float = 30.0, drain: bool = False) -> bool:
+        """Wait until every op answered so far is written (or failed): the batch under way and the one
+        after it (the queued ops') are done; a CHECK or GC reads the pool after this. `drain`: until
+        no batch runs and none is queued (the agent stopping). False on timeout."""
         if self._cv is None:
             return True
         deadline = time.monotonic() + timeout
         with self._cv:
-            while self._running or self._queue:
+            target = self._finished + int(self._running) + int(bool(self._queue))
+            while (self._running or self._queue) and (drain or self._finished < target):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -342,7 +346,7 @@ def settle_all(timeout: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout
     with _Registry.lock:
         combiners = list(_Registry.combiners.values())
-    return all(c.settle(max(0.0, deadline - time.monotonic())) for c in combiners)
+    return all(c.settle(max(0.0, deadline - time.monotonic()), drain=True) for c in combiners)
 
 
 def _unwritten(change: int) -> None:
