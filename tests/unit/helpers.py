@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,3 +82,27 @@ def run(env: dict[str, str], stdin: bytes | dict[str, Any] | str = b"") -> Outco
     out = io.BytesIO()
     rc = skel.run(FAKE, env, io.BytesIO(stdin), out)
     return Outcome(rc, out.getvalue())
+
+
+def in_threads(n: int, call: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:
+    """call(i) for i in range(n), in n threads released together; their answers. Fails if a call
+    raised or did not return within `timeout` seconds."""
+    out: list[Any] = [None] * n
+    errors: list[BaseException] = []
+    start = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            out[i] = call(i)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not [t for t in threads if t.is_alive()], "a call did not return"
+    assert not errors, errors
+    return out

@@ -21,6 +21,7 @@ from ipam.engine import Engine
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.ranges import IPRange
 from ipam.store.memory import Backend, MemoryStore
+from tests.unit.helpers import in_threads
 
 A = Allocation("ca", "ns/a", "net1", "", "n", "node1")
 B = Allocation("cb", "ns/b", "net1", "", "n", "node1")
@@ -71,27 +72,6 @@ def shared() -> Any:
     batch.share(False)
 
 
-def _concurrently(n: int, call: Any) -> list[Any]:
-    out: list[Any] = [None] * n
-    errors: list[BaseException] = []
-    start = threading.Barrier(n)
-
-    def run(i: int) -> None:
-        start.wait()
-        try:
-            out[i] = call(i)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return out
-
-
 class GatedStore(CountingStore):
     """The first pool write of a phase waits until every other call of the phase is queued on the pool's
     combiner (bounded: 30 s), so the test does not depend on the threads keeping pace with each other."""
@@ -133,7 +113,7 @@ def test_concurrent_calls_in_one_process_share_writes(shared: None, tmp_path: Pa
         r, offset = engine(writes).add(owners[i])[0]
         return str(r.address(offset))
 
-    got = _concurrently(n, add)
+    got = in_threads(n, add)
     assert len(set(got)) == n  # every call its own address
     pool = backend.pools["198.51.100.0-24"]
     assert sorted(pool.allocations) == sorted(str(i) for i in range(1, n + 1))
@@ -142,7 +122,7 @@ def test_concurrent_calls_in_one_process_share_writes(shared: None, tmp_path: Pa
     assert {r.owner.container_id for r in backend.reservations.values()} == {o.container_id for o in owners}
 
     removed: list[int] = []
-    _concurrently(n, lambda i: engine(removed).delete(owners[i]))
+    in_threads(n, lambda i: engine(removed).delete(owners[i]))
     assert backend.pools["198.51.100.0-24"].allocations == {} and backend.reservations == {}
     assert sum(removed) == n and len(removed) <= 2
 
@@ -152,7 +132,7 @@ def test_without_sharing_or_a_node_queue_each_call_writes_alone(tmp_path: Path) 
     backend, writes = Backend(), []
     owners = [Allocation(f"c{i}", f"ns/p{i}", "net1", "", "n", "node1") for i in range(6)]
     db = str(tmp_path / "state" / "db")
-    _concurrently(6, lambda i: _engine(backend, writes, 0.0, local_db=db).add(owners[i]))
+    in_threads(6, lambda i: _engine(backend, writes, 0.0, local_db=db).add(owners[i]))
     assert set(writes) == {1} and len(writes) >= 6  # one entry per write (lost races are retried)
     assert len(backend.pools["198.51.100.0-24"].allocations) == 6
 
@@ -163,7 +143,7 @@ def test_without_sharing_calls_of_a_node_may_share_writes_through_its_queue(tmp_
     backend, writes = Backend(), []
     owners = [Allocation(f"c{i}", f"ns/p{i}", "net1", "", "n", "node1") for i in range(6)]
     db = str(tmp_path / "state" / "db")
-    got = _concurrently(6, lambda i: _engine(backend, writes, 0.01, local_db=db).add(owners[i])[0][1])
+    got = in_threads(6, lambda i: _engine(backend, writes, 0.01, local_db=db).add(owners[i])[0][1])
     assert sorted(got) == [1, 2, 3, 4, 5, 6] and sum(writes) == 6
     assert len(backend.pools["198.51.100.0-24"].allocations) == 6
 
@@ -181,7 +161,7 @@ def test_an_op_failing_alone_does_not_fail_its_batch(shared: None, tmp_path: Pat
         except Exception as err:  # the exhausted one
             return f"{type(err).__name__}:{getattr(err, 'code', '')}"
 
-    got = _concurrently(3, add)
+    got = in_threads(3, add)
     assert sorted(x for x in got if isinstance(x, int)) == [1, 2]
     assert [x for x in got if isinstance(x, str)] == ["ExhaustedError:100"]
 
@@ -381,7 +361,7 @@ def test_the_agents_del_batch_releases_its_reservations_before_it_ends(shared: N
         return _gated(Releasing(backend, writes, lambda: None, n), conf)
 
     added: list[int] = []  # one list per phase: only the phase's first write waits for the others
-    _concurrently(n, lambda i: engine(added).add(owners[i]))
+    in_threads(n, lambda i: engine(added).add(owners[i]))
     removed: list[int] = []
     failed: list[str] = []
 
@@ -391,7 +371,7 @@ def test_the_agents_del_batch_releases_its_reservations_before_it_ends(shared: N
         except CniError as e:
             failed.append(f"{owners[i].container_id}: {e.msg}")
 
-    _concurrently(n, delete)
+    in_threads(n, delete)
     assert backend.pools["198.51.100.0-24"].allocations == {} and len(removed) <= 2
     assert failed == ["c3: refused"]
     assert [r.owner.container_id for r in backend.reservations.values()] == ["c3"]

@@ -20,6 +20,7 @@ from ipam.engine import Engine
 from ipam.model import Allocation, Pool, PoolUpdate
 from ipam.store.base import Conflict
 from ipam.store.memory import Backend, MemoryStore, _Pool
+from tests.unit.helpers import in_threads
 
 RANGE = "198.51.100.0/24"
 POOL = "198.51.100.0-24"
@@ -69,29 +70,6 @@ def deferring() -> Iterator[None]:
 
 def owner(i: int) -> Allocation:
     return Allocation(f"c{i}", f"ns/p{i}", "net1", "", "n", "node1")
-
-
-def in_threads(n: int, call: Any) -> list[Any]:
-    """call(i) in n threads at once; their answers (each thread bounded: 30 s)."""
-    out: list[Any] = [None] * n
-    errors: list[BaseException] = []
-    start = threading.Barrier(n)
-
-    def run(i: int) -> None:
-        start.wait()
-        try:
-            out[i] = call(i)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not [t for t in threads if t.is_alive()], "a call did not return"
-    assert not errors, errors
-    return out
 
 
 def test_calls_are_answered_before_their_one_write(deferring: None, tmp_path: Path) -> None:
