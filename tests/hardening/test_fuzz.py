@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cni import jsonio
-from cni.errors import Code
+from cni.errors import CODES, Code
 from tests.hardening import strategies as S
 from tests.hardening.conftest import TALLY
 from tests.hardening.fuzzlab import FuzzLab, Outcome, run_process
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.root  # namespaces, links, mounts
 
 PLUGINS = ["macvlan", "host-device", "sriov", "whereabouts"]
 CASES = [(p, "local") for p in PLUGINS] + [("whereabouts", "memory")]
-KNOWN_CODES = {int(c) for c in Code} - {int(Code.INTERNAL)}
+KNOWN_CODES = set(CODES) - {Code.INTERNAL}
 COMMANDS = st.sampled_from(["ADD"] * 6 + ["DEL"] * 2 + ["CHECK", "GC", "STATUS"])
 VERSIONS = st.sampled_from(["0.3.1", "0.4.0", "1.0.0", "1.1.0"])
 
