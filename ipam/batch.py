@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 MAX_BATCH = 128  # operations in one pool write (bounds a write's size and its retry cost)
 DEFER = 0.5  # the agent: seconds a batch keeps deciding (and answering) arrivals before its one write
+WINDOW_PER_WRITE = 5.0  # a longer window after a slow write: this many times as long as it took
+DEFER_MAX = 5.0  # seconds: the longest window
+IDLE = 0.5  # seconds without an arrival that end a window early (its calls written without waiting)
 PACE = 1.0  # the agent's combiners: wait as long as the previous write took before the next (Combiner)
 PACE_MAX = 2.0  # seconds: the longest such wait (only writes slower than this reach it: huge pools)
 
@@ -158,6 +161,7 @@ class Combiner:
         self._cv: Any = None
         self._running = False  # deferring: a batch thread is on (it ends when the queue is empty)
         self._finished = 0  # deferring: batches done (settle waits for those under way when it began)
+        self._write_s = 0.0  # deferring: how long the last pool write took
         self._execute_fn: Callable[[list[Op]], None] | None = None
         if defer:
             import threading  # the agent only (plugin processes never defer): costs a call ~1 ms
@@ -251,6 +255,17 @@ class Combiner:
             with cv:
                 self._finished += 1
                 cv.notify_all()
+
+    def wrote(self, seconds: float) -> None:
+        """The batch's thread: its pool write took `seconds` (the next window is sized by it)."""
+        self._write_s = seconds
+
+    def window(self) -> float:
+        """Seconds a batch answers arrivals before its write: `defer`, or longer when writes are slow
+        (a large pool, a busy server): WINDOW_PER_WRITE times the last write, at most DEFER_MAX. A
+        slow write costs the server in proportion to the pool's size, and its cost is paid again by
+        every write of another node it overlaps: fewer, larger writes then."""
+        return max(self.defer, min(WINDOW_PER_WRITE * self._write_s, DEFER_MAX))
 
     def answer(self, ops: Sequence[Op]) -> None:
         """The batch's thread: these ops are decided; their callers may return (deferring only)."""

@@ -222,8 +222,11 @@ class Engine:
         if cached and any(op.kind == "add" for op in decided):
             update = PoolUpdate(put=update.put, remove=update.remove, whole=True)
         if update and (view.version is not None or update.put):
+            wrote = time.monotonic()
             try:
                 version = self._commit(view, update)
+                if comb is not None:
+                    comb.wrote(time.monotonic() - wrote)
             except Conflict:
                 for op in pending:
                     op.reread = True  # not a cached read next time: it may not hold what we met
@@ -246,16 +249,17 @@ class Engine:
         self, comb: batch.Combiner, view: PoolView, changes: BatchView, hot: bool | None, cached: bool,
         pending: list[Op], grow: list[Op],
     ) -> list[Op]:  # fmt: skip
-        """Deferred writes (see _step): for comb.defer seconds decide and answer the ops that arrive, on
-        the batch's view after its decisions; the ops so decided. An arrival that fails here (a pool
+        """Deferred writes (see _step): for the combiner's window (Combiner.window), or until no op has
+        arrived for batch.IDLE seconds, decide and answer the ops that arrive, on the batch's view after
+        its decisions; the ops so decided. An arrival that fails here (a pool
         full on this view, a snapshot found stale, the store out of reach) or a DEL that finds nothing
         on it goes back to the queue: the next batch decides it on the pool as its rules read it."""
         decided: list[Op] = []
-        deadline = time.monotonic() + comb.defer
+        deadline = time.monotonic() + comb.window()
         while (left := deadline - time.monotonic()) > 0 and len(pending) < batch.MAX_BATCH:
-            arrived = comb.more(batch.MAX_BATCH - len(pending), left)
+            arrived = comb.more(batch.MAX_BATCH - len(pending), min(left, batch.IDLE))
             if not arrived:
-                continue
+                break  # a lull (or the window's end): write now rather than hold what was answered
             for op in arrived:
                 op.started = op.begun = self.retry.clock()
             lost = [op.claims.lost for op in arrived]

@@ -40,7 +40,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--defer-writes", type=float, default=DEFER_WRITES, metavar="SECONDS",
                     help="Kubernetes store, overlapping ranges: answer a call once its address is "
                          "reserved and write the pool for the calls of this many seconds at once "
-                         f"(0: a write per batch, each call waiting for it; default {DEFER_WRITES:g})")
+                         "(longer after slow writes, at most 5 s; 0: a write per batch, each call "
+                         f"waiting for it; default {DEFER_WRITES:g})")
     args = ap.parse_args(argv)
     if not 0 <= args.defer_writes <= 60:
         ap.error("--defer-writes: between 0 and 60 seconds")

@@ -24,7 +24,9 @@ from tests.unit.helpers import in_threads
 
 RANGE = "198.51.100.0/24"
 POOL = "198.51.100.0-24"
-WINDOW = 1.0  # seconds a batch keeps answering arrivals before its write
+# seconds a batch keeps answering arrivals before its write, even without one for that long: calls
+# released together reach the first batch well within it, however slowly the machine runs them
+WINDOW = 2.0
 
 
 class GateStore(MemoryStore):
@@ -61,7 +63,8 @@ class Setup:
 
 
 @pytest.fixture
-def deferring() -> Iterator[None]:
+def deferring(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(batch, "IDLE", WINDOW)
     batch.share(True, pace=0.0, defer=WINDOW)
     yield
     assert batch.settle_all(30)
@@ -204,3 +207,16 @@ def test_without_overlapping_ranges_a_call_waits_for_its_write(deferring: None, 
     t.join(30)
     assert got == [1] and s.backend.pools[POOL].allocations["1"].container_id == "c5"
     assert s.backend.reservations == {}
+
+
+def test_the_window_follows_the_writes() -> None:
+    """At least `defer`; after a slow write (a large pool, a busy server) WINDOW_PER_WRITE times as
+    long as it took, at most DEFER_MAX."""
+    comb = batch.Combiner(defer=0.5)
+    assert comb.window() == 0.5
+    comb.wrote(0.05)
+    assert comb.window() == 0.5
+    comb.wrote(0.4)
+    assert comb.window() == pytest.approx(0.4 * batch.WINDOW_PER_WRITE)
+    comb.wrote(60.0)
+    assert comb.window() == batch.DEFER_MAX
