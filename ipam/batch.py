@@ -283,9 +283,10 @@ class Combiner:
         `room` of them; none when not deferring."""
         if self._cv is None or room <= 0:
             return []
+        deadline = time.monotonic() + timeout
         with self._cv:
-            if not self._queue and timeout > 0:
-                self._cv.wait(timeout)
+            while not self._queue and (left := deadline - time.monotonic()) > 0:
+                self._cv.wait(left)  # (woken by an arrival; a spurious wake-up waits on)
             taken, self._queue = self._queue[:room], self._queue[room:]
             return taken
 
