@@ -8,9 +8,9 @@ reservation after. A crash between the two steps leaves at worst a reservation w
 (ipam.reservations: Reservations.sweep), and GC and the reconciler free it once the owner is gone.
 
 In the agent, on the Kubernetes store with overlapping ranges (the reservations authoritative), a call is
-answered once its batch decided it (ipam.batch: deferred writes): an ADD when its
-address is reserved, a DEL when its entries are found; the pool write that follows carries every call
-decided within DEFER seconds. Until it lands the address is held by its reservation alone, as after a
+answered once its batch decided it (ipam.batch: deferred writes): an ADD when its address is reserved, a
+DEL when its entries are found; the pool write that follows carries every call decided in its window
+(Combiner.window). Until it lands the address is held by its reservation alone, as after a
 crash between the two steps above; a CHECK or GC of the pool waits for it (Combiner.settle)."""
 
 from __future__ import annotations
@@ -251,9 +251,9 @@ class Engine:
     ) -> list[Op]:  # fmt: skip
         """Deferred writes (see _step): for the combiner's window (Combiner.window), or until no op has
         arrived for batch.IDLE seconds, decide and answer the ops that arrive, on the batch's view after
-        its decisions; the ops so decided. An arrival that fails here (a pool
-        full on this view, a snapshot found stale, the store out of reach) or a DEL that finds nothing
-        on it goes back to the queue: the next batch decides it on the pool as its rules read it."""
+        its decisions; the ops so decided. An arrival that fails here (a pool full on this view, a
+        snapshot found stale, the store out of reach) or a DEL that finds nothing on it goes back to
+        the queue: the next batch decides it on the pool as its rules read it."""
         decided: list[Op] = []
         deadline = time.monotonic() + comb.window()
         while (left := deadline - time.monotonic()) > 0 and len(pending) < batch.MAX_BATCH:
