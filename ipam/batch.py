@@ -36,6 +36,7 @@ DEFER = 0.5  # the agent: seconds a batch keeps deciding (and answering) arrival
 WINDOW_PER_WRITE = 5.0  # a longer window after a slow write: this many times as long as it took
 DEFER_MAX = 5.0  # seconds: the longest window
 IDLE = 0.5  # seconds without an arrival that end a window early (its calls written without waiting)
+REWRITES = 3  # batches an answered op whose write or release failed is taken into again (_owed)
 PACE = 1.0  # the agent's combiners: wait as long as the previous write took before the next (Combiner)
 PACE_MAX = 2.0  # seconds: the longest such wait (only writes slower than this reach it: huge pools)
 
@@ -57,9 +58,13 @@ class Op:
     claims: Claims = field(default_factory=Claims)
     offsets: list[int] = field(default_factory=list)  # add: [the address]
     freed: list[tuple[int, Allocation]] = field(default_factory=list)  # del: offsets and entries freed
+    # del: entries a write whose answer was lost (it may have been applied) freed: released after the
+    # batch's write like `freed`, though the retry may no longer find them in the pool
+    sent: list[tuple[int, Allocation]] = field(default_factory=list)
     known: dict[str, str] = field(default_factory=dict)  # del: versions of the freed reservations, if known
     released: bool = False  # del: its reservations were released in its batch (the agent)
     answered: bool = False  # decided and its caller answered; its pool write may still be to come
+    rewrites: int = 0  # answered, its batch failed: how many batches it went back to the queue for
     reread: bool = False  # a write of its batch failed: the next attempt reads the pool as stored
     begun: float = 0.0  # when the op started
     started: float = 0.0  # when it last saw progress (its start, or a race lost to another writer)
@@ -248,10 +253,15 @@ class Combiner:
             with cv:
                 batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
             if batch and execute is not None:
+                owed: list[Op] = []
                 try:
                     self._execute(batch, (), execute)
                 finally:  # `batch` grew by the arrivals it answered: all written (or failed) now
-                    _unwritten(-sum(op.answered for op in batch))
+                    owed = _owed(batch)
+                    _unwritten(-sum(op.answered and op not in owed for op in batch))
+                if owed:
+                    with cv:
+                        self._queue[:0] = owed
             with cv:
                 self._finished += 1
                 cv.notify_all()
@@ -312,6 +322,26 @@ class Combiner:
                     return False
                 self._cv.wait(left)
         return True
+
+
+def _owed(batch: Sequence[Op]) -> list[Op]:
+    """The ops of a finished batch whose callers were answered but whose write or reservation release
+    failed (an answer says the pool will follow): back to the queue for the next batch, at most
+    REWRITES times each, then given up and said in the log (the reconciler, GC or the pod's next DEL
+    frees what is left)."""
+    owed = []
+    for op in batch:
+        if not op.answered or op.error is None:
+            continue
+        if op.rewrites >= REWRITES:
+            log.error("%s %s: %s in %s: given up after %d more batches: %s", op.owner.container_id,
+                      op.owner.ifname, op.kind.upper(), op.rng.cidr, op.rewrites, op.error)  # fmt: skip
+            continue
+        op.rewrites += 1
+        op.error, op.done, op.reread = None, False, True
+        op.sent += [f for f in op.freed if f not in op.sent]  # the next batch may find them gone
+        owed.append(op)
+    return owed
 
 
 def pace_gap(took: float, since: float, pace: float = PACE, longest: float = PACE_MAX) -> float:

@@ -227,6 +227,11 @@ class Engine:
                 version = self._commit(view, update)
                 if comb is not None:
                     comb.wrote(time.monotonic() - wrote)
+            except StoreUnavailable:  # the server may have applied the write all the same (StoreBusy:
+                # a read timeout, a 504): a retry may find these entries gone, their reservations not
+                for op in decided:
+                    op.sent += [f for f in op.freed if f not in op.sent]
+                raise
             except Conflict:
                 for op in pending:
                     op.reread = True  # not a cached read next time: it may not hold what we met
@@ -537,17 +542,17 @@ class Engine:
         self._run([op])
         if not op.released and not op.answered:  # answered early: its batch releases them after the write
             self._release(op)
-        return bool(op.freed)
+        return bool(op.freed or op.sent)
 
     def _release(self, op: Op) -> None:
-        """The reservations of the entries a DEL freed (overlapping ranges), after its pool write."""
+        """The reservations of the entries a DEL freed (overlapping ranges), after its pool write.
+        `released` once all are: a batch that fails on the way releases them again (idempotent)."""
+        if op.overlapping:
+            for offset, held in op.freed + [f for f in op.sent if f not in op.freed]:
+                name = self.reservation_name(op.rng, offset)
+                hint = Reservation(name, held, op.known[name]) if name in op.known else None
+                self.reservations.release(name, functools.partial(reserved_for, held=held), hint)
         op.released = True
-        if not op.overlapping:
-            return
-        for offset, held in op.freed:
-            name = self.reservation_name(op.rng, offset)
-            hint = Reservation(name, held, op.known[name]) if name in op.known else None
-            self.reservations.release(name, functools.partial(reserved_for, held=held), hint)
 
     def _release_freed(self, group: list[Op]) -> None:
         """In the agent, the batch's DELs release their reservations before the batch ends: its callers

@@ -18,7 +18,7 @@ from ipam.config import IpamConfig
 from ipam.model import Allocation, Reservation
 from ipam.ranges import IPRange
 from ipam.retry import Again, Retry, retrying
-from ipam.store.base import Conflict, Store
+from ipam.store.base import Conflict, Store, StoreUnavailable
 from ipam.store.names import reservation_address, reservation_name
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
@@ -137,8 +137,8 @@ class Reservations:
             try:  # as this process last wrote or read it: deleted if it is still that version
                 self.store.delete_reservation(res)
                 return
-            except Conflict:
-                pass  # changed since: judged on the stored one
+            except (Conflict, StoreUnavailable):
+                pass  # changed since, or no answer (deleted or not): judged on the stored one, retried
 
         def attempt() -> None:
             with self.atomic():

@@ -8,10 +8,18 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from cni.agent.client import SOCKET_ENV
 from tests import agentutil, kubeup, nsutil
 from tests.kubeapi import record
+
+# Property tests everywhere: the same cases on every run (a failure reproduces), and no per-example
+# wall-clock deadline (a loaded 2-core CI machine made one example of a 0.03 ms test take 300 ms and
+# fail). tests/hardening loads its own profiles on top.
+settings.register_profile("pycni", deadline=None, derandomize=True, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+settings.load_profile("pycni")
 
 ROOT_REASON = "needs root: creates network namespaces and links"
 

@@ -85,6 +85,8 @@ from tests.nsutil import REPO
 
 BUNDLE = REPO / "dist" / "cni-bin"
 SHARED_RANGE = "198.18.0.0/20"
+FULL_BASE = "198.18.16.0"  # --full-pool: the smallest network from here that holds the attachments
+SETTLE = 60.0  # seconds the check after DEL waits for the objects to settle (nothing left, or a leak)
 SINGLE_RANGE = "198.18.32.0/24"  # the uncontended ADDs: outside the workload ranges
 SLICES_RANGE, SLICE_SIZE = "198.18.64.0/18", "/23"  # mode slices: 32 slices of 510 addresses
 SLICES_NETWORK = "bench-slices"  # every network's network_name: one NodeSlicePool
@@ -124,6 +126,7 @@ class Workload:
     budget: float = 600.0  # seconds per phase: no attachment starts after it
     call_timeout: float = CALL_TIMEOUT
     slice_controller: bool = True  # mode slices: upstream's node-slice-controller assigns (else the plugin)
+    full: bool = False  # mode shared: a range whose range_end leaves exactly `attachments` addresses
 
     def node(self, pod: int) -> str:
         return f"node-{pod % self.nodes}"
@@ -131,7 +134,13 @@ class Workload:
     def range(self, net: int) -> str:
         if self.mode == "slices":
             return SLICES_RANGE
+        if self.mode == "shared" and self.full:
+            return full_range(self.attachments)[0]
         return SHARED_RANGE if self.mode == "shared" else f"198.19.{net}.0/24"
+
+    def range_end(self) -> str:
+        """A full pool's last address ("" otherwise): the pool holds exactly `attachments` addresses."""
+        return full_range(self.attachments)[1] if self.mode == "shared" and self.full else ""
 
     def slices_fit(self) -> str:
         """Why mode slices cannot hold this workload ("" when it can)."""
@@ -147,6 +156,16 @@ class Workload:
     @property
     def attachments(self) -> int:
         return self.pods * self.networks
+
+
+def full_range(n: int) -> tuple[str, str]:
+    """(the smallest network at FULL_BASE holding `n` host addresses, the range_end that leaves exactly
+    `n` of them: the first usable address up to that one)."""
+    prefix = 30
+    while 2 ** (32 - prefix) - 2 < n:
+        prefix -= 1
+    net = ipaddress.ip_network(f"{FULL_BASE}/{prefix}")
+    return str(net), str(net.network_address + n)
 
 
 @dataclass
@@ -220,10 +239,12 @@ class Impl:
 
 
 def network_config(impl: Impl, wl: Workload, net: int) -> bytes:
-    conf = {"cniVersion": "1.0.0", "name": f"bench-net{net}", "type": "macvlan",
+    conf: dict[str, Any] = {"cniVersion": "1.0.0", "name": f"bench-net{net}", "type": "macvlan",
             "ipam": impl.ipam(wl.range(net))}
     if wl.mode == "slices":
         conf["ipam"].update(node_slice_size=SLICE_SIZE, network_name=SLICES_NETWORK)
+    if wl.range_end():
+        conf["ipam"]["range_end"] = wl.range_end()
     return json.dumps(conf).encode()
 
 
@@ -407,9 +428,19 @@ def check_slices(tenant: kubeup.Tenant, wl: Workload, calls: list[Call], pods: d
     return problems
 
 
-def check_after_del(tenant: kubeup.Tenant) -> list[str]:
+def left_after_del(tenant: kubeup.Tenant) -> list[str]:
     problems = [f"{ip} still held in {pool} by {e.get('podref')}" for pool, ip, e in held(tenant)]
     problems += [f"reservation {n} left" for n in tenant.reservations()]
+    return problems
+
+
+def check_after_del(tenant: kubeup.Tenant, settle: float = SETTLE) -> list[str]:
+    """What is left once the objects settle: every DEL answered success, so nothing may remain. Polled
+    until nothing is left or `settle` seconds have passed (a write still landing is not a leak; what
+    remains after that is)."""
+    deadline = time.monotonic() + settle
+    while (problems := left_after_del(tenant)) and time.monotonic() < deadline:
+        time.sleep(1.0)
     return problems
 
 
@@ -447,6 +478,7 @@ class PhaseReport:
     etcd_split: dict[str, float] = field(default_factory=dict)
     # CPU seconds of the phase by whom (see measure): the machine's whole budget is CPUs x wall
     cpu_split: dict[str, float] = field(default_factory=dict)
+    left: int | None = None  # DEL: pool entries and reservations left once the objects settled
 
 
 Measured = tuple[dict[tuple[str, str, str], float], float, dict[tuple[str, str], float], dict[str, float]]
@@ -594,10 +626,12 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
     after = measure(server, impl)
     served2 = impl.served()
     problems = check_after_del(tenant)
+    left = len(problems)
     if len(dels) < len(adds):
         problems.append(f"{len(adds) - len(dels)} attachments not deleted within the budget")
     out.append(report(impl, wl, "DEL", dels, wall, len(adds), before, after, problems,
                       served2["DEL"] - served["DEL"] if served2 else None))
+    out[-1].left = left
     return out
 
 
@@ -772,19 +806,21 @@ def uncontended(impl: Impl, tenant: kubeup.Tenant, scratch: Path, runs: int, pre
 def table(reports: list[PhaseReport]) -> str:
     base = {(r.mode, r.phase): r for r in reports if r.impl == "upstream"}
     rows = ["| impl | mode | phase | done/planned | wall s | att/s | vs upstream | call p50/p99 ms "
-            "| pod p50/p99 ms | API req/att | 409 | 422 | API CPU s | failures | agent served | check |",
-            "|" + "---|" * 16]
+            "| pod p50/p99 ms | API req/att | 409 | 422 | API CPU s | failures | agent served "
+            "| left after DEL | check |",
+            "|" + "---|" * 17]
     for r in reports:
         up = base.get((r.mode, r.phase))
         ratio = f"{r.per_s / up.per_s:.2f}x" if up and up.per_s and r.impl != "upstream" else "-"
         check = "ok" if not r.problems else f"{len(r.problems)} PROBLEMS"
         served = "-" if r.agent_served is None else f"{r.agent_served}/{r.attempted}"
         pods = f"{r.pod_p50_ms:.0f}/{r.pod_p99_ms:.0f}" if r.pod_p99_ms else "- (no pod finished)"
+        left = "-" if r.left is None else str(r.left)
         rows.append(
             f"| {r.impl} | {r.mode} | {r.phase} | {r.done}/{r.attachments} | {r.wall_s:.1f} | {r.per_s:.1f} "
             f"| {ratio} | {r.call_p50_ms:.0f}/{r.call_p99_ms:.0f} | {pods} "
             f"| {r.api_per_attachment:.1f} | {r.api_409:.0f} | {r.api_422:.0f} | {r.api_cpu_s:.1f} "
-            f"| {r.failures} | {served} | {check} |")
+            f"| {r.failures} | {served} | {left} | {check} |")
     return "\n".join(rows)
 
 
@@ -823,6 +859,32 @@ def single_table(singles: dict[str, dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def run_modes(
+    impl: Impl, args: argparse.Namespace, modes: list[str], budget: float, server: kubeup.KubeServer,
+    where: Path, prefix: str, tag: str, slice_notes: dict[str, dict[str, Any]],
+) -> list[PhaseReport]:  # fmt: skip
+    """One implementation's workload in every range mode, each in a fresh namespace."""
+    reports: list[PhaseReport] = []
+    for mode in modes:
+        wl = Workload(args.pods, args.networks, args.nodes, args.concurrency, mode, budget,
+                      slice_controller=args.slices_by == "controller", full=args.full_pool)
+        tenant = kubeup.Tenant(server, where / mode / "kube", prefix="scale")
+        print(f"  {impl.label} {mode} in namespace {tenant.namespace}{tag} ...", flush=True)
+        notes: dict[str, Any] = {}
+        prefix_mode = f"{prefix}{modes.index(mode):x}"
+        rs = run_workload(impl, wl, tenant, where / mode, prefix=prefix_mode, notes=notes)
+        if mode == "slices":
+            slice_notes[impl.label] = {**notes, "assignments": slice_assignments(tenant)}
+            if "slices_assigned_s" in notes:
+                print(f"    the node-slice-controller gave every node a slice in "
+                      f"{notes['slices_assigned_s']:.1f} s", flush=True)
+        reports += rs
+        for r in rs:
+            print(f"    {r.phase}: {r.done}/{r.attachments} in {r.wall_s:.1f} s, {r.failures} failed, "
+                  f"check {'ok' if not r.problems else r.problems[:3]}", flush=True)
+    return reports
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pods", type=int, default=64)
@@ -835,7 +897,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="mode slices: who assigns the slices (plugin: pycni only, no controller)")
     ap.add_argument("--impl", action="append", choices=("upstream", "pycni", "pycni+agent"),
                     help="default: all three")
-    ap.add_argument("--scenario", choices=("313",), help="313: 128 pods x 16 networks, 240 s per phase")
+    ap.add_argument("--scenario", choices=("313", "full1000"),
+                    help="313: 128 pods x 16 networks, 240 s per phase; full1000: 1,000 pods x 1 network "
+                         "on 16 nodes, 8 at once each, mode shared on a full pool (Spiderpool's benchmark)")
+    ap.add_argument("--full-pool", action="store_true",
+                    help="mode shared: range_end leaves exactly pods x networks addresses in the range")
+    ap.add_argument("--repeat", type=int, default=1, help="run the whole workload this many times")
     ap.add_argument("--budget", type=float, help="seconds per phase (default 600; scenario 313: 240)")
     ap.add_argument("--single", type=int, default=20, help="uncontended ADDs per implementation (0: none)")
     ap.add_argument("--source", action="store_true", help="pycni from source, not dist/cni-bin")
@@ -843,6 +910,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.scenario == "313":
         args.pods, args.networks = 128, 16
+    if args.scenario == "full1000":
+        args.pods, args.networks, args.nodes, args.concurrency, args.full_pool = 1000, 1, 16, 8, True
+        args.mode = "shared" if args.mode == "both" else args.mode
     budget = args.budget or (240.0 if args.scenario else 600.0)
     impls = args.impl or ["upstream", "pycni", "pycni+agent"]
     modes = {"both": ["shared", "per-network"], "all": ["shared", "per-network", "slices"]}.get(
@@ -879,35 +949,21 @@ def main(argv: list[str] | None = None) -> int:
         scratch = Path(tmp)
         server = kubeup.KubeServer.start(scratch)
         try:
-            for n, label in enumerate(impls):
-                impl: Impl = Upstream() if label == "upstream" else Pycni(
-                    bundle, args.nodes if label == "pycni+agent" else 0, scratch / label)
-                try:
-                    for mode in modes:
-                        wl = Workload(args.pods, args.networks, args.nodes, args.concurrency, mode, budget,
-                                      slice_controller=args.slices_by == "controller")
-                        where = scratch / label / mode
-                        tenant = kubeup.Tenant(server, where / "kube", prefix="scale")
-                        print(f"  {label} {mode} in namespace {tenant.namespace} ...", flush=True)
-                        notes: dict[str, Any] = {}
-                        rs = run_workload(impl, wl, tenant, where, prefix=f"{n:x}{modes.index(mode):x}",
-                                          notes=notes)
-                        if mode == "slices":
-                            slice_notes[label] = {**notes, "assignments": slice_assignments(tenant)}
-                            if "slices_assigned_s" in notes:
-                                print(f"    the node-slice-controller gave every node a slice in "
-                                      f"{notes['slices_assigned_s']:.1f} s", flush=True)
-                        reports += rs
-                        for r in rs:
-                            print(f"    {r.phase}: {r.done}/{r.attachments} in {r.wall_s:.1f} s, "
-                                  f"{r.failures} failed, check {'ok' if not r.problems else r.problems[:3]}",
-                                  flush=True)
-                    if args.single:
-                        where = scratch / label / "single"
-                        tenant = kubeup.Tenant(server, where / "kube", prefix="single")
-                        singles[label] = uncontended(impl, tenant, where, args.single, f"{n:x}f")
-                finally:
-                    impl.close()
+            for run in range(args.repeat):
+                for n, label in enumerate(impls):
+                    where = scratch / f"run{run}" / label
+                    impl: Impl = Upstream() if label == "upstream" else Pycni(
+                        bundle, args.nodes if label == "pycni+agent" else 0, where)
+                    try:
+                        tag = f" (run {run + 1} of {args.repeat})" if args.repeat > 1 else ""
+                        reports += run_modes(impl, args, modes, budget, server, where, f"{run:x}{n:x}", tag,
+                                             slice_notes)  # fmt: skip
+                        if args.single and run == 0:
+                            tenant = kubeup.Tenant(server, where / "single" / "kube", prefix="single")
+                            at = where / "single"
+                            singles[label] = uncontended(impl, tenant, at, args.single, f"{n:x}f")
+                    finally:
+                        impl.close()
         finally:
             server.stop()
     load1 = os.getloadavg()
