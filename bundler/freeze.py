@@ -4,7 +4,7 @@ Start-up cost is what a CNI plugin pays on every call, so each choice here is me
 (tests/bench/startup.py):
 - onedir, never onefile: onefile extracts the whole bundle to a temp dir on every call.
 - no UPX: decompressing libpython on every exec costs more than the disk it saves.
-- strip: the pyenv libpython carries debug info (30 MB -> ~5 MB); fewer pages to map and to ship.
+- strip: the pyenv libpython carries debug info (docs/benchmarks.md); fewer pages to map and to ship.
 - runtime hooks dropped: PyInstaller adds pyi_rth_inspect (imports inspect and zipfile and lists
   base_library.zip on every call), pyi_rth_pkgutil and pyi_rth_multiprocessing whenever those modules
   are anywhere in the import graph. pycni never needs what they patch (no source lookup, no pkgutil
@@ -14,7 +14,7 @@ Start-up cost is what a CNI plugin pays on every call, so each choice here is me
 - optimize 0: -O would strip asserts, and the frozen plugin must behave exactly like `python -m cni`;
   level 1 or 2 measured within the noise.
 - the bootloader's second execve (it sets LD_LIBRARY_PATH and re-executes itself in onedir mode) costs
-  about a millisecond; dropping it needs a self-built bootloader and patched ELF files, so it stays
+  little (docs/benchmarks.md); dropping it needs a self-built bootloader and patched ELF files, so it stays
   (bundler/README.md).
 - hidden imports are cni.registry.LAZY_MODULES: the plugin/tool modules the dispatcher imports by name.
 """

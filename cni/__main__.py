@@ -93,7 +93,7 @@ def _via_agent(name: str, stdin: IO[bytes]) -> tuple[int | None, IO[bytes]]:
 def run() -> None:
     """The process's entry (`python -m cni`, and bundler/entry.py in the frozen bundle): exit with
     main()'s code. A plugin call that returned exits at once (os._exit) once stdout and stderr are
-    flushed: the interpreter's finalisation (module teardown, GC) would cost each call several ms, and
+    flushed: the interpreter's finalisation (module teardown, GC) would add to each call, and
     nothing of the call is left to it (no atexit handler, no thread of ours, the store closed, log lines
     written straight to their fds). Tools (the installer, the agent, the CLI) exit normally."""
     rc = main()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 class Code:
     """Error codes: 1-99 from the CNI spec, 100+ ours, 999 internal. Plain ints, not an IntEnum: enum
-    costs every plugin process ~2 ms of imports, and only the numbers are ever printed (`CODES`)."""
+    adds to every plugin process' imports, and only the numbers are ever printed (`CODES`)."""
 
     INCOMPATIBLE_VERSION = 1
     UNSUPPORTED_FIELD = 2

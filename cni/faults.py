@@ -1,4 +1,4 @@
-"""Fault points: the named steps of ADD (README.md, Hardening) where a test makes a call fail or die,
+"""Fault points: the named steps of ADD (docs/testing.md, Fault points) where a test makes a call fail or die,
 to check the rollback and the recovery after a crash.
 
 `point(step)` calls `hook` when one is installed and does nothing otherwise. The product never

@@ -7,8 +7,8 @@ valid UTF-8; output is compact UTF-8 (or 2-space indented).
 
 The common case runs json's own C scanner and encoder (`_json`, what json.JSONDecoder and
 json.JSONEncoder run for these settings) without importing the json package: json.decoder compiles
-regular expressions at import, and `re` with json cost every plugin call ~5 ms of imports in a frozen
-ADD (`PYCNI_IMPORTTIME=1` build). Whatever the C path does not accept (malformed input, a constant,
+regular expressions at import, and `re` with json add to every plugin call's imports (figures:
+docs/benchmarks.md). Whatever the C path does not accept (malformed input, a constant,
 indented output, a lone surrogate) goes to json itself, imported then, so every answer and every error
 message is exactly json's (tests/unit/test_jsonio.py compares them)."""
 

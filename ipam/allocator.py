@@ -100,7 +100,7 @@ def _numeric(item: tuple[str, Allocation]) -> tuple[int, str]:
 
 def _randrange(n: int) -> int:
     """random.randrange(n), the module imported on first use (a spread > 1: only after lost races);
-    importing `random` costs every plugin call ~1 ms."""
+    importing `random` would cost every plugin call."""
     import random
 
     return random.randrange(n)

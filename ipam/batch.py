@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-import _thread  # threading.Lock is _thread.allocate_lock; importing threading costs a call ~1 ms
+import _thread  # threading.Lock is _thread.allocate_lock; importing threading would cost every call
 import time
 from collections.abc import Callable, Hashable, Sequence, Set
 
@@ -169,7 +169,7 @@ class Combiner:
         self._write_s = 0.0  # deferring: how long the last pool write took
         self._execute_fn: Callable[[list[Op]], None] | None = None
         if defer:
-            import threading  # the agent only (plugin processes never defer): costs a call ~1 ms
+            import threading  # the agent only (plugin processes never defer): a cost per call
 
             self._cv = threading.Condition(threading.Lock())
 

@@ -60,7 +60,7 @@ class Engine:
         self.lock_dir = os.path.join(os.path.dirname(s.local_db), "pool-locks") if cluster else ""
         # pool entries without pycni's extras (pod UID, network, node) where every entry's reservation
         # carries them: on the Kubernetes store they are a per-entry annotation of the pool object, which
-        # every write of it pays for (README: IPAM at scale); readers join them back (ipam.model.joined).
+        # every write of it pays for (docs/benchmarks.md); readers join them back (ipam.model.joined).
         # Node slices too: a slice pool has one writer, but each of its writes still pays for its size
         # (the reconciler finds a slice pool's entry by the node its reservation records)
         self.lean = conf.overlapping and s.datastore == "kubernetes"

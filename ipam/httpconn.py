@@ -1,8 +1,8 @@
 """One kept-alive HTTP(S) connection to one server: the HTTP layer of every cluster store (the
 Kubernetes API, ipam.kubeapi; etcd's JSON gateway, ipam.store.etcdgw). Sockets and ssl only: HTTP/1.1
 as these two servers speak it (Content-Length, chunked or close-delimited answers, keep-alive) is a
-small reader; http.client would add the email package's parser to every plugin call (README: IPAM,
-"One HTTP layer").
+small reader; http.client would add the email package's parser to every plugin call
+(docs/benchmarks.md).
 
 - Timeouts: `connect` bounds the TCP connect, `read` the TLS handshake and every read of an answer.
 - A kept-alive connection the server closed meanwhile is reopened once, and only when it was reused:
@@ -44,7 +44,7 @@ class Closed(ConnectionResetError):
     """The server closed the connection before its answer began."""
 
 
-# urllib.parse costs every plugin call ~1 ms to import: the URLs, path segments and queries of our
+# urllib.parse would cost every plugin call its import: the URLs, path segments and queries of our
 # requests take these small equivalents (tests/unit/ipam/test_lean_imports.py compares them with it).
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
 _HOST_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
@@ -116,7 +116,7 @@ def _plus(value: object) -> str:
 def encoded_host(host: str) -> str | bytes:
     """`host` for socket.getaddrinfo (create_connection) and SSLContext.wrap_socket's server_hostname:
     both encode a str with the idna codec, and importing it (encodings.idna, stringprep, unicodedata)
-    costs a call ~1 ms. For an ASCII name that codec gives the name's ASCII bytes (after checking its
+    costs every call. For an ASCII name that codec gives the name's ASCII bytes (after checking its
     labels' lengths, as here), and both take bytes as the name already encoded; any other name goes
     to them as it is."""
     if host.isascii():

@@ -3,7 +3,7 @@ connection of ipam.httpconn (sockets + TLS: ipam.tls), the same HTTP layer as th
 the CRD store (ipam.store.kube) and the pod source (ipam.kubepods).
 
 Why not the `kubernetes` client: every CNI call is a fresh process, and its REST layer alone (urllib3)
-is a costly import, its package __init__ more so (README: "One HTTP layer", with the figures).
+is a costly import, its package __init__ more so (figures: docs/benchmarks.md).
 The kubeconfig is read here (JSON, else YAML through PyYAML), exec credential plugins are run here
 (`exec_token`, the ExecCredential protocol).
 

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 
 from cni.types.valueclass import field, valueclass
 
-# typing (NamedTuple, Protocol) only for the type checker: importing it costs every plugin call ~2 ms,
-# and building a Protocol class another ~1-2 ms. At run time the fields are a collections.namedtuple
+# typing (NamedTuple, Protocol) only for the type checker: importing it and building a Protocol class
+# would cost every plugin call (docs/benchmarks.md). At run time the fields are a collections.namedtuple
 # (the same tuple: fields, defaults, equality, pickling) and PoolView is a plain class.
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:

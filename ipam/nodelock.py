@@ -1,7 +1,7 @@
 """One writer per pool per node: a flock on a node-local file around each read-modify-write of a pool in a
 cluster store (Kubernetes, etcd).
 
-Concurrent plugin processes on one node then queue for a few milliseconds instead of racing through the
+Concurrent plugin processes on one node then queue briefly instead of racing through the
 API server with compare-and-swap (where every lost race costs the server a full read and a full write
 of the pool). Correctness never depends on it: the compare-and-swap still decides, and a node whose lock
 directory cannot be used (read-only, missing permissions) simply runs without it. The lock is held only
@@ -23,7 +23,7 @@ queue behind each other."""
 
 from __future__ import annotations
 
-import _thread  # not threading: its import costs every plugin call ~1 ms
+import _thread  # not threading: its import would cost every plugin call
 import contextlib
 import fcntl
 import os

@@ -25,7 +25,7 @@ from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
 
 def _random() -> float:
     """random.random(), the module imported on first use: only a retry (after a conflict) or a hot pool
-    needs a random number, and importing `random` (math, bisect, _sha2) costs every plugin call ~1 ms."""
+    needs a random number, and importing `random` (math, bisect, _sha2) would cost every plugin call."""
     import random
 
     return random.random()

@@ -2,9 +2,8 @@
 and `_ssl` modules: what `socket.create_connection`, `ssl.create_default_context` and
 `SSLContext.wrap_socket` do for a client, without the Python modules around them.
 
-Why: `ssl` and `socket` (with `selectors`, `enum`, `array`) cost every plugin call on a cluster store
-~12 ms of imports in a frozen ADD (`PYCNI_IMPORTTIME=1` build; ssl.py 4.7 ms itself, socket.py and
-selectors 4.7 ms), about a seventh of one uncontended call; `_ssl` (OpenSSL itself, 3.2 ms) is all
+Why: `ssl` and `socket` (with `selectors`, `enum`, `array`) add to the imports of every plugin call on
+a cluster store (figures: docs/benchmarks.md); `_ssl` (OpenSSL itself) is all
 that is needed. The TLS checks are OpenSSL's, configured by `_ssl` in C exactly as `ssl` configures them:
 `client_context` is `ssl.create_default_context()` (PROTOCOL_TLS_CLIENT: the server's certificate
 required and its name checked, TLS 1.2 or later, the same options, flags and ciphers;

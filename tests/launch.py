@@ -6,7 +6,7 @@ arguments before running the normal entry point (`python -m cni PLUGIN`, cni.__m
   python -m tests.launch [--faults STEP[,STEP...]] [--fake-pf STATE.json] [--] PLUGIN [ARGS...]
 
 --faults   `step` raises at that step (the plugin's rollback runs), `step!` SIGKILLs the process there
-           (nothing runs after it). The steps are listed in README.md (Hardening). An IPAM the plugin
+           (nothing runs after it). The steps are listed in docs/testing.md. An IPAM the plugin
            execs is another process and gets no faults.
 --fake-pf  the recording VF seam (tests/fakevf.py) on that state file instead of netlink.
 

@@ -17,7 +17,7 @@ import os
 
 from cni.agent import proto
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs the shim milliseconds
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every shim call
 if TYPE_CHECKING:
     from collections.abc import Mapping
 

@@ -74,8 +74,8 @@ def _frozen_delattr(self: Any, name: str) -> None:
 def _make_init(cls: type, names: list[str], defaults: dict[str, _Field]) -> None:
     """One generic __init__ per class (positional and keyword arguments, defaults, factories, and the
     TypeErrors a generated one raises). Nothing is compiled: building a class is one closure, where
-    generating and compiling its source (as dataclasses does) cost ~0.2 ms per class, ~4 ms for the 22
-    classes a whereabouts call imports; an instance costs about a microsecond more."""
+    generating and compiling its source (as dataclasses does) cost every class, and a whereabouts call
+    imports many (docs/benchmarks.md); an instance costs slightly more."""
     specs = tuple((n, defaults.get(n)) for n in names)
     count, qualname, setter = len(specs), f"{cls.__qualname__}.__init__", object.__setattr__
 

@@ -54,8 +54,8 @@ from contextlib import AbstractContextManager
 from cni.errors import CniError, Code, TryAgainError
 from ipam.model import Pool, PoolUpdate, PoolView, Reservation
 
-# typing.Protocol only for the type checker (importing typing and building a Protocol class cost every
-# plugin call ~2-3 ms): the stores subclass Store explicitly, so at run time it is a plain base class.
+# typing.Protocol only for the type checker (importing typing and building a Protocol class would cost
+# every plugin call): the stores subclass Store explicitly, so at run time it is a plain base class.
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     from typing import Protocol

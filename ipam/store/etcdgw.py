@@ -1,7 +1,7 @@
 """etcd v3 through its own JSON gRPC gateway (`POST /v3/kv/range`, `/v3/kv/txn`, `/v3/auth/authenticate`;
-keys and values base64, int64s as strings), over ipam.httpconn (sockets and TLS): no grpc, no protobuf, a few
-milliseconds to import. Served by every etcd since 3.4 on the client port (3.3 only under /v3beta).
-Why not the `etcd3` package: see README.md (IPAM, etcd).
+keys and values base64, int64s as strings), over ipam.httpconn (sockets and TLS): no grpc, no protobuf, a
+light import. Served by every etcd since 3.4 on the client port (3.3 only under /v3beta).
+Why not the `etcd3` package: docs/benchmarks.md (figures behind code choices).
 
 - Endpoints: `etcd_host` is one or several comma-separated `host[:port]` or `http(s)://host[:port]`
   (port 2379 by default; https when any TLS file is configured and no scheme is given). The first

@@ -10,7 +10,7 @@ and opening one costs little."""
 
 from __future__ import annotations
 
-import _thread  # threading.Lock is _thread.allocate_lock; importing threading costs a call ~1 ms
+import _thread  # threading.Lock is _thread.allocate_lock; importing threading would cost every call
 import contextlib
 import time
 from collections.abc import Iterator

@@ -18,7 +18,7 @@ acts as), so an access that the manifests do not grant fails in tests, not in a 
 
 from __future__ import annotations
 
-import _thread  # threading.Lock is _thread.allocate_lock; importing threading costs a call ~1 ms
+import _thread  # threading.Lock is _thread.allocate_lock; importing threading would cost every call
 from collections import OrderedDict
 from collections.abc import Iterator
 
@@ -42,9 +42,9 @@ JSON_PATCH = "application/json-patch+json"
 # empty map, and re-creating it is the one patch that writers of different entries would race on)
 MARKER = {"pycni.io/pool": "owners: pycni.io/o-<offset>"}
 # appended to every pool patch: clears the object's managedFields (the server's documented way to strip
-# them: an entry list of one empty entry). Field tracking of a pool with thousands of entries roughly
-# doubles what the server spends on each write and a third of what every reader downloads; nothing reads
-# a pool's field ownership (README: IPAM at scale).
+# them: an entry list of one empty entry). Field tracking of a pool with thousands of entries adds much
+# to what the server spends on each write and to what every reader downloads; nothing reads a pool's
+# field ownership (figures: docs/benchmarks.md).
 UNTRACKED = {"op": "add", "path": "/metadata/managedFields", "value": [{}]}
 SNAPSHOTS = 8  # pool snapshots a handle keeps for the commits computed from them
 PATCH_TEST_FAILED = "the server rejected our request due to an error in our request"  # 422 of a failed test
@@ -119,8 +119,8 @@ class KubeStore(Store):
 
     def recent_pool(self, name: str, version: str) -> Pool | None:
         """A GET with `resourceVersion`: the API server answers from its watch cache once that holds
-        `version` or newer, without reading etcd and decoding the stored object (a 512-entry pool: ~4
-        instead of 15-20 ms of server CPU, `tests/bench/pool_write_cost.py`). A cache that does not
+        `version` or newer, without reading etcd and decoding the stored object (a fraction of the
+        server's CPU: docs/benchmarks.md, `tests/bench/pool_write_cost.py`). A cache that does not
         catch up within the server's 3 s (504: a version from before the cluster's etcd was restored),
         or a version the server cannot parse (500): the pool as stored."""
         try:

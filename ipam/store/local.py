@@ -118,7 +118,7 @@ class LocalStore(Store):
                 # first users of a new database racing to switch it to WAL: SQLite can answer BUSY
                 # there without waiting (the busy handler does not cover every lock step); try again
                 if _busy(e) and time.monotonic() < deadline:
-                    import random  # here only (a rare race): importing it costs every call ~1 ms
+                    import random  # here only (a rare race): importing it would cost every call
 
                     time.sleep(0.005 + 0.02 * random.random())
                     continue

@@ -19,8 +19,8 @@ from tests.nsutil import REPO
 # client stacks the plugin's path must never load (ipam.httpconn is sockets + ssl)
 HEAVY = ("http", "email", "kubernetes", "urllib3", "requests", "oauthlib", "requests_oauthlib", "yaml",
          "certifi")
-# stdlib modules the plugin's path stopped importing, each ~1-3 ms of every call (a frozen ADD measured
-# with -X importtime): typing (type checking only: TYPE_CHECKING; Allocation a collections.namedtuple,
+# stdlib modules the plugin's path stopped importing, each a cost of every call (docs/benchmarks.md):
+# typing (type checking only: TYPE_CHECKING; Allocation a collections.namedtuple,
 # Protocols plain base classes at run time), random (loaded when a retry or a spread first needs a
 # number), urllib.parse (ipam.httpconn's split_url, quote, urlencode), the idna codec (ASCII host names
 # reach getaddrinfo and TLS as bytes), threading (_thread's locks). re, json, ssl, socket, enum and base64 are

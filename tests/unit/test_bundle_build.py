@@ -89,7 +89,7 @@ def test_dispatch_prefixed_plugin_and_tools() -> None:
 
 def test_runtime_hooks_are_dropped_or_reviewed() -> None:
     """Every runtime hook runs at every start of every entry: the measured ones are dropped (setuptools'
-    cost ~150 ms per call) and an unreviewed one stops the build instead of slowing every CNI call."""
+    the costliest) and an unreviewed one stops the build instead of slowing every CNI call."""
     scripts = [("pyiboot01_bootstrap", "x", "PYSOURCE"), ("pyi_rth_setuptools", "x", "PYSOURCE"),
                ("pyi_rth_inspect", "x", "PYSOURCE"), ("entry", "x", "PYSOURCE")]
     kept = freeze.drop_runtime_hooks(scripts)
