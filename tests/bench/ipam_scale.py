@@ -913,7 +913,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario == "full1000":
         args.pods, args.networks, args.nodes, args.concurrency, args.full_pool = 1000, 1, 16, 8, True
         args.mode = "shared" if args.mode == "both" else args.mode
-    budget = args.budget or (240.0 if args.scenario else 600.0)
+    budget = args.budget or (240.0 if args.scenario == "313" else 600.0)
     impls = args.impl or ["upstream", "pycni", "pycni+agent"]
     modes = {"both": ["shared", "per-network"], "all": ["shared", "per-network", "slices"]}.get(
         args.mode, [args.mode])
