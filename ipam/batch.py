@@ -156,12 +156,14 @@ class Combiner:
     store is reached as the plugin process would reach it); callers wait until their ops are answered
     (`answer`) or done; the batch's thread takes arrivals with `more`."""
 
-    def __init__(self, pace: float = 0.0, defer: float = 0.0) -> None:
+    def __init__(self, pace: float = 0.0, defer: float = 0.0, idle: float | None = None) -> None:
         self._turn = _thread.allocate_lock()  # held by the thread running a batch
         self._queue_lock = _thread.allocate_lock()
         self._queue: list[Op] = []
         self.pace = pace
         self.defer = defer
+        self.idle = idle  # None: IDLE
+        self._closing = False  # the agent is stopping: windows end at once (close)
         self._took = self._ended = 0.0  # the previous batch: how long it ran, when it ended (monotonic)
         self._cv: Any = None
         self._running = False  # deferring: a batch thread is on (it ends when the queue is empty)
@@ -277,6 +279,19 @@ class Combiner:
         every write of another node it overlaps: fewer, larger writes then."""
         return max(self.defer, min(WINDOW_PER_WRITE * self._write_s, DEFER_MAX))
 
+    def lull(self) -> float:
+        """Seconds without an arrival that end a window (`idle`, default IDLE)."""
+        return IDLE if self.idle is None else self.idle
+
+    def close(self) -> None:
+        """The agent is stopping: a window under way ends now and no other opens, so what was answered
+        is written at once, within the stop's budget (settle_all)."""
+        if self._cv is None:
+            return
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+
     def answer(self, ops: Sequence[Op]) -> None:
         """The batch's thread: these ops are decided; their callers may return (deferring only)."""
         if self._cv is None:
@@ -295,7 +310,9 @@ class Combiner:
             return []
         deadline = time.monotonic() + timeout
         with self._cv:
-            while not self._queue and (left := deadline - time.monotonic()) > 0:
+            if self._closing:
+                return []
+            while not self._queue and not self._closing and (left := deadline - time.monotonic()) > 0:
                 self._cv.wait(left)  # (woken by an arrival; a spurious wake-up waits on)
             taken, self._queue = self._queue[:room], self._queue[room:]
             return taken
@@ -355,16 +372,17 @@ class _Registry:
     enabled = False
     pace = 0.0
     defer = 0.0
+    idle: float | None = None
     unwritten = 0  # answered ops of every combiner whose write is still to come
     lock = _thread.allocate_lock()
     combiners: dict[Hashable, Combiner] = {}
 
 
-def share(enabled: bool = True, pace: float = PACE, defer: float = 0.0) -> None:
+def share(enabled: bool = True, pace: float = PACE, defer: float = 0.0, idle: float | None = None) -> None:
     """The agent turns this on once: concurrent calls of the process on one pool then share writes,
-    paced by `pace`, answered early and written together for `defer` seconds where the engine allows
-    (Combiner)."""
-    _Registry.enabled, _Registry.pace, _Registry.defer = enabled, pace, defer
+    paced by `pace`, answered early and written together for `defer` seconds where the engine allows,
+    a window ending after `idle` seconds without an arrival (default IDLE) (Combiner)."""
+    _Registry.enabled, _Registry.pace, _Registry.defer, _Registry.idle = enabled, pace, defer, idle
     if not enabled:
         with _Registry.lock:
             _Registry.combiners.clear()
@@ -382,16 +400,19 @@ def combiner(key: Hashable) -> Combiner:
     with _Registry.lock:
         found = _Registry.combiners.get(key)
         if found is None:
-            found = _Registry.combiners[key] = Combiner(_Registry.pace, _Registry.defer)
+            found = _Registry.combiners[key] = Combiner(_Registry.pace, _Registry.defer, _Registry.idle)
         return found
 
 
-def settle_all(timeout: float = 30.0) -> bool:
-    """Every combiner of the process settled (Combiner.settle): the agent, before it exits, so that no
-    answered op is left unwritten. False if one did not within `timeout` seconds in all."""
+def settle_all(timeout: float = 30.0, close: bool = False) -> bool:
+    """Every combiner of the process settled (Combiner.settle), `close`d first (the agent, before it
+    exits: windows end now, so that what was answered is written within the stop's budget). False if
+    one did not within `timeout` seconds in all."""
     deadline = time.monotonic() + timeout
     with _Registry.lock:
         combiners = list(_Registry.combiners.values())
+    for c in combiners if close else ():
+        c.close()
     return all(c.settle(max(0.0, deadline - time.monotonic()), drain=True) for c in combiners)
 
 

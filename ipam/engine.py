@@ -255,14 +255,15 @@ class Engine:
         pending: list[Op], grow: list[Op],
     ) -> list[Op]:  # fmt: skip
         """Deferred writes (see _step): for the combiner's window (Combiner.window), or until no op has
-        arrived for batch.IDLE seconds, decide and answer the ops that arrive, on the batch's view after
-        its decisions; the ops so decided. An arrival that fails here (a pool full on this view, a
-        snapshot found stale, the store out of reach) or a DEL that finds nothing on it goes back to
-        the queue: the next batch decides it on the pool as its rules read it."""
+        arrived for Combiner.lull() seconds (or the agent stops: Combiner.close), decide and answer the
+        ops that arrive, on the batch's view after its decisions; the ops so decided. An arrival that
+        fails here (a pool full on this view, a snapshot found stale, the store out of reach) or a DEL
+        that finds nothing on it goes back to the queue: the next batch decides it on the pool as its
+        rules read it."""
         decided: list[Op] = []
         deadline = time.monotonic() + comb.window()
         while (left := deadline - time.monotonic()) > 0 and len(pending) < batch.MAX_BATCH:
-            arrived = comb.more(batch.MAX_BATCH - len(pending), min(left, batch.IDLE))
+            arrived = comb.more(batch.MAX_BATCH - len(pending), min(left, comb.lull()))
             if not arrived:
                 break  # a lull (or the window's end): write now rather than hold what was answered
             for op in arrived:

@@ -32,7 +32,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--max-inflight", type=int, default=128,
                     help="requests executed at once; more are refused and run in-process (default 128)")
     ap.add_argument("--grace", type=float, default=30.0,
-                    help="seconds to let requests in flight finish on SIGTERM (default 30)")
+                    help="seconds from SIGTERM for the requests in flight and then the pool writes still "
+                         "to come to finish: one budget, to fit the pod's terminationGracePeriodSeconds "
+                         "(default 30)")
     ap.add_argument("--metrics", default=os.environ.get(METRICS_ENV) or DEFAULT_METRICS, metavar="ADDR",
                     type=metrics_address,
                     help="serve Prometheus metrics on HOST:PORT (port 0: any free one), or `off` "
@@ -42,10 +44,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
                          "reserved and write the pool for the calls of this many seconds at once "
                          "(longer after slow writes, at most 5 s; 0: a write per batch, each call "
                          f"waiting for it; default {DEFER_WRITES:g})")
+    ap.add_argument("--defer-idle", type=float, default=None, metavar="SECONDS",
+                    help="deferred writes: a window ends once no call has arrived for this long "
+                         "(default 0.5)")
     args = ap.parse_args(argv)
     if not 0 <= args.defer_writes <= 60:
         ap.error("--defer-writes: between 0 and 60 seconds")
+    if args.defer_idle is not None and not 0 < args.defer_idle <= 60:
+        ap.error("--defer-idle: more than 0, at most 60 seconds")
     return args
+
+
+def remaining(grace: float, stopped_at: float, now: float | None = None) -> float:
+    """What is left of the stop's budget (`grace` seconds from `stopped_at`, monotonic) for the pool
+    writes still to come, after the requests in flight took their part of it."""
+    return max(0.0, grace - ((time.monotonic() if now is None else now) - stopped_at))
 
 
 def metrics_address(text: str) -> tuple[str, int] | None:
@@ -97,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     from ipam.store.handles import keep_warm
 
     # every plugin, tool, IPAM and store module; cluster store connections outlive a request
-    warm(LAZY_MODULES, hooks=(lambda: keep_warm(defer=args.defer_writes),))
+    warm(LAZY_MODULES, hooks=(lambda: keep_warm(defer=args.defer_writes, idle=args.defer_idle),))
     agent = Agent(args.socket, build_id(), max_inflight=args.max_inflight)
     try:
         agent.bind()
@@ -115,6 +128,6 @@ def main(argv: list[str] | None = None) -> int:
     agent.serve(args.grace)
     from ipam.store.handles import settle
 
-    if not settle(args.grace):  # answered calls whose pool write is still to come
+    if not settle(remaining(args.grace, agent.stopped_at)):  # answered calls, pool write to come
         say("stopping with pool writes still to come: their addresses stay reserved, not in their pools")
     return 0

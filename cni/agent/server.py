@@ -113,6 +113,7 @@ class Agent:
         self.lock = threading.Lock()
         self.inflight = 0
         self.served = 0
+        self.stopped_at = 0.0  # when serve() stopped accepting (monotonic): the stop's budget starts
         self.threads: set[threading.Thread] = set()
         self.listener: socket.socket | None = None
         self.lockfd = -1
@@ -178,8 +179,9 @@ class Agent:
             with self.lock:
                 self.threads.add(t)
             t.start()
+        self.stopped_at = time.monotonic()
         self.close()
-        deadline = time.monotonic() + grace
+        deadline = self.stopped_at + grace
         for t in list(self.threads):
             t.join(max(0.0, deadline - time.monotonic()))
         say(f"stopped after {self.served} requests")

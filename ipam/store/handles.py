@@ -30,22 +30,24 @@ class _Cache:
     idle: dict[StoreConfig, list[tuple[float, float, Store]]] = {}  # conf -> [(opened, last used, handle)]
 
 
-def keep_warm(enabled: bool = True, defer: float = 0.0) -> None:
+def keep_warm(enabled: bool = True, defer: float = 0.0, idle: float | None = None) -> None:
     """The agent calls this once at start-up; plugin processes never do. Concurrent calls on one pool
-    then also share its writes, deferred by `defer` seconds where the engine allows (ipam.batch.share)."""
+    then also share its writes, deferred by `defer` seconds where the engine allows, a window ending
+    after `idle` seconds without a call (ipam.batch.share)."""
     from ipam import batch
 
-    batch.share(enabled, defer=defer)
+    batch.share(enabled, defer=defer, idle=idle)
     _Cache.enabled = enabled
     if not enabled:
         clear()
 
 
 def settle(timeout: float) -> bool:
-    """The agent, stopping: every deferred pool write done (ipam.batch.settle_all); False on timeout."""
+    """The agent, stopping: windows closed and every deferred pool write done (ipam.batch.settle_all);
+    False on timeout."""
     from ipam import batch
 
-    return batch.settle_all(timeout)
+    return batch.settle_all(timeout, close=True)
 
 
 def clear() -> None:

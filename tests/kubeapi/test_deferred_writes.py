@@ -16,6 +16,8 @@ from tests import kubeup
 from tests.bench.ipam_scale import Pod, Pycni, Workload, held, network_config, one_call
 from tests.nsutil import is_root
 
+# a window of 60 s that no lull ends: the write is held until the agent dies or stops
+HELD = ("--defer-writes", "60", "--defer-idle", "60")
 WL = Workload(pods=2, networks=1, nodes=1, concurrency=1, mode="shared", budget=120.0, call_timeout=60.0)
 
 
@@ -24,7 +26,7 @@ def test_an_agent_killed_before_its_deferred_write(tenant: kubeup.Tenant, tmp_pa
         pytest.skip("the agent serves root only")
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    agent = Pycni(None, agents=1, scratch=tmp_path / "a", agent_args=("--defer-writes", "60"))
+    agent = Pycni(None, agents=1, scratch=tmp_path / "a", agent_args=HELD)
     try:
         agent.setup(tenant, tmp_path / "a")
         first = one_call(agent, WL, "ADD", Pod(0, tenant.namespace, "k"), 1,
@@ -51,3 +53,29 @@ def test_an_agent_killed_before_its_deferred_write(tenant: kubeup.Tenant, tmp_pa
     assert [ip for _, ip, _ in held(tenant)] == [second.ip]
     assert [r for r in tenant.reservations() if r.endswith(first.ip)] == []
     assert len(tenant.reservations()) == 1
+
+
+def test_sigterm_during_a_deferred_write_writes_it_within_the_grace(
+    tenant: kubeup.Tenant, tmp_path: Path
+) -> None:
+    """The agent stopping closes the window under way and writes what it answered, inside its one
+    budget (--grace) for requests and writes: the pool then holds the address, the agent exits 0 and
+    says nothing was left unwritten."""
+    if not is_root():
+        pytest.skip("the agent serves root only")
+    agent = Pycni(None, agents=1, scratch=tmp_path, agent_args=(*HELD, "--grace", "30"))
+    try:
+        agent.setup(tenant, tmp_path)
+        first = one_call(agent, WL, "ADD", Pod(0, tenant.namespace, "t"), 1,
+                         {1: network_config(agent, WL, 1)}, time.monotonic() + 60)  # fmt: skip
+        assert first.ok, first.error
+        node = agent.agents["node-0"]
+        assert node.unwritten() == 1  # answered, its write held by the 60 s window
+        assert first.ip not in [ip for _, ip, _ in held(tenant)]
+        node.signal(signal.SIGTERM)
+        assert node.proc is not None and node.proc.wait(60) == 0
+        log = node.log.read_text(errors="replace")
+    finally:
+        agent.close()
+    assert [ip for _, ip, _ in held(tenant)] == [first.ip]
+    assert "pool writes still to come" not in log, log
