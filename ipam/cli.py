@@ -8,8 +8,9 @@
                                  with --interval, Prometheus metrics on ADDR (default 127.0.0.1:9737)
 
 The store is the one the flat file names (as the plugin finds it), or the one in --config (a conflist,
-a conf, or a bare ipam object), or the local database given by --local-db. A local database must
-exist: the tool never creates one (a mistyped path is an error, not an empty table)."""
+a conf, or a bare ipam object), or the local database given by --local-db. As for the plugin, the local
+store is used only when chosen (--local-db, or "datastore": "local"): naming no store is an error. A
+local database must exist: the tool never creates one (a mistyped path is an error, not an empty table)."""
 
 from __future__ import annotations
 
@@ -93,8 +94,11 @@ def store_config(args: argparse.Namespace) -> config.StoreConfig:
         if isinstance(raw, dict) and isinstance(raw.get("plugins"), list) and raw["plugins"]:
             raw = raw["plugins"][0]
         section = raw.get("ipam", raw) if isinstance(raw, dict) else {}
-    _, flat = config.read_flat_file(section)
-    return config.store_config(config.merge(section, flat))
+    try:
+        return config.load_store(section)
+    except config.NoStoreError as e:
+        e.details = f"{e.details}; here: --local-db PATH" if e.details else "here: --local-db PATH"
+        raise
 
 
 def require_existing(conf: config.StoreConfig, args: argparse.Namespace) -> None:

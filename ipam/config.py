@@ -1,7 +1,10 @@
 """whereabouts-compatible IPAM configuration. Parsing is pure: `read_flat_file` is the only I/O, `merge`
 and `from_dict` are functions of their arguments, and every error is code 7 naming the field.
 
-Keys are whereabouts' own (snake_case, `ipRanges`). Ours: `datastore: local` and `local_db`. Accepted
+Keys are whereabouts' own (snake_case, `ipRanges`). Ours: `datastore: local` and `local_db`. Which store
+serves a config (`store_config`, `merge`): `datastore` when given, else the one its settings imply
+(`kubernetes.kubeconfig`, else `etcd_host`), the inline config deciding before the flat file; with
+neither, the call fails (`NoStoreError`): the node-local store is never a silent default. Accepted
 and ignored: `leader_lease_duration`, `leader_renew_deadline`, `leader_retry_period` (we take no lease)
 and `sleep_for_race` (a test knob upstream). `node_slice_size` (node slices, ipam.slices) needs the
 kubernetes datastore and exactly one range."""
@@ -89,16 +92,26 @@ class IpamConfig:
     node_slice_size: str = ""  # as written (upstream compares it as a string); ipam.slices.parse_size
 
 
+class NoStoreError(ConfigError):
+    """No store is configured: no `datastore`, `kubernetes.kubeconfig` or `etcd_host` in the ipam config
+    or a flat file. `load`/`load_store` add which flat files were looked for."""
+
+
+def flat_file_paths(inline: Mapping[str, Any], candidates: tuple[str, ...] = FLAT_FILES) -> tuple[str, ...]:
+    """Where the flat file is looked for, in order: inline `configuration_path` (a file, or a directory
+    holding whereabouts.conf), then `candidates`."""
+    first = inline.get("configuration_path")
+    if isinstance(first, str) and first:
+        return (os.path.join(first, "whereabouts.conf") if os.path.isdir(first) else first, *candidates)
+    return candidates
+
+
 def read_flat_file(
     inline: Mapping[str, Any], candidates: tuple[str, ...] = FLAT_FILES
 ) -> tuple[str, dict[str, Any]]:
-    """(path, object) of the first flat file that exists: inline `configuration_path` (a file, or a
-    directory holding whereabouts.conf) first, then `candidates`. ("", {}) when there is none."""
-    first = inline.get("configuration_path")
-    paths = list(candidates)
-    if isinstance(first, str) and first:
-        paths.insert(0, os.path.join(first, "whereabouts.conf") if os.path.isdir(first) else first)
-    for path in paths:
+    """(path, object) of the first flat file that exists (`flat_file_paths`). ("", {}) when there is
+    none."""
+    for path in flat_file_paths(inline, candidates):
         try:
             with open(path, "rb") as fh:
                 data = fh.read()
@@ -122,38 +135,67 @@ def _empty(value: Any) -> bool:
 
 def merge(inline: Mapping[str, Any], flat: Mapping[str, Any]) -> dict[str, Any]:
     """Flat-file values fill what the inline config leaves empty (recursively); inline wins. The flat
-    file's enable_overlapping_ranges is ignored, as upstream: inline or the default (true) decides."""
+    file's enable_overlapping_ranges is ignored, as upstream: inline or the default (true) decides.
+    The store is the inline config's when it names or implies one (`datastore`, else
+    `kubernetes.kubeconfig`, else `etcd_host`): a NAD's kubeconfig is never served from the store a
+    flat file's `datastore` names."""
+    out = _merge(inline, flat)
+    implied = _implied(inline)
+    if _empty(inline.get("datastore")) and implied:
+        out["datastore"] = implied
+    return out
+
+
+def _merge(inline: Mapping[str, Any], flat: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(inline)
     for key, value in flat.items():
         if key == "enable_overlapping_ranges":
             continue
         mine = out.get(key)
         if isinstance(mine, dict) and isinstance(value, dict):
-            out[key] = merge(mine, value)
+            out[key] = _merge(mine, value)
         elif _empty(mine):
             out[key] = value
     return out
 
 
+def _implied(d: Mapping[str, Any]) -> str:
+    """The store a config's settings imply without `datastore` ("" for none)."""
+    kube = d.get("kubernetes")
+    if isinstance(kube, dict) and not _empty(kube.get("kubeconfig")):
+        return "kubernetes"
+    return "etcd" if not _empty(d.get("etcd_host")) else ""
+
+
 def from_dict(d: dict[str, Any], path: str = "ipam") -> IpamConfig:
+    """Every field parsed and checked; the store last, so a config naming no store (NoStoreError) is
+    otherwise valid."""
     gateway = _gateway(d, path)
     parsed = _ranges(d, path, gateway)
+    routes = tuple(
+        parse_route(r, f.join(f.join(path, "routes"), i))
+        for i, r in enumerate(f.opt(d, "routes", list, path, []))
+    )
+    dns = parse_dns(d.get("dns"), f.join(path, "dns"))
+    addresses = _addresses(d, path)
+    overlapping = bool(f.opt(d, "enable_overlapping_ranges", bool, path, True))
+    network_name = _network_name(d, path)
+    log_file = f.opt(d, "log_file", str, path, "")
+    log_level = f.opt(d, "log_level", str, path, "")
+    cron = f.opt(d, "reconciler_cron_expression", str, path, "")
     store = store_config(d, path)
     return IpamConfig(
         ranges=parsed,
         gateway=gateway,
-        routes=tuple(
-            parse_route(r, f.join(f.join(path, "routes"), i))
-            for i, r in enumerate(f.opt(d, "routes", list, path, []))
-        ),
-        dns=parse_dns(d.get("dns"), f.join(path, "dns")),
-        addresses=_addresses(d, path),
-        overlapping=bool(f.opt(d, "enable_overlapping_ranges", bool, path, True)),
-        network_name=_network_name(d, path),
+        routes=routes,
+        dns=dns,
+        addresses=addresses,
+        overlapping=overlapping,
+        network_name=network_name,
         store=store,
-        log_file=f.opt(d, "log_file", str, path, ""),
-        log_level=f.opt(d, "log_level", str, path, ""),
-        reconciler_cron_expression=f.opt(d, "reconciler_cron_expression", str, path, ""),
+        log_file=log_file,
+        log_level=log_level,
+        reconciler_cron_expression=cron,
         node_slice_size=_node_slice_size(d, path, parsed, store),
     )
 
@@ -250,16 +292,34 @@ def store_config(d: dict[str, Any], path: str = "ipam") -> StoreConfig:
     kpath = f.join(path, "kubernetes")
     k = KubernetesConf(f.opt(kube, "kubeconfig", str, kpath, ""), f.opt(kube, "k8s_api_root", str, kpath, ""))
     e = EtcdConf(*(f.opt(d, key, str, path, "") for key in ETCD_KEYS))
-    default = "kubernetes" if k.kubeconfig else "etcd" if e.host else "local"
-    datastore = f.choice(d, "datastore", path, DATASTORES, default)
+    default = "kubernetes" if k.kubeconfig else "etcd" if e.host else ""
+    datastore = f.choice(d, "datastore", path, DATASTORES, default) if default else _chosen(d, path)
     if datastore == "kubernetes" and not k.kubeconfig:
-        raise ConfigError(f"{f.join(kpath, 'kubeconfig')}: required when the datastore is kubernetes")
+        raise NoStoreError(f"{f.join(kpath, 'kubeconfig')}: required when the datastore is kubernetes")
     if datastore == "etcd" and not e.host:
-        raise ConfigError(f"{f.join(path, 'etcd_host')}: required when the datastore is etcd")
+        raise NoStoreError(f"{f.join(path, 'etcd_host')}: required when the datastore is etcd")
     local_db = f.opt(d, "local_db", str, path, "") or DEFAULT_LOCAL_DB
     if not os.path.isabs(local_db):
         raise ConfigError(f"{f.join(path, 'local_db')}: must be an absolute path, got {f.show(local_db)}")
     return StoreConfig(datastore, local_db, k, e)
+
+
+def _chosen(d: dict[str, Any], path: str) -> str:
+    """`datastore` as written, when no setting implies a store: the only way to the local store."""
+    if _empty(d.get("datastore")):
+        also = " (local_db is set: add \"datastore\": \"local\" to use it)" if d.get("local_db") else ""
+        raise NoStoreError(
+            f"{f.join(path, 'datastore')}: no store configured: no datastore, kubernetes.kubeconfig or "
+            f"etcd_host in the ipam config or a flat file{also}",
+            LOCAL_IS_EXPLICIT,
+        )
+    return str(f.choice(d, "datastore", path, DATASTORES, ""))
+
+
+LOCAL_IS_EXPLICIT = (
+    'the node-local store serves a config only when chosen: "datastore": "local" in the ipam config '
+    "or the flat file (its addresses are unique on this node only)"
+)
 
 
 def load(ipam: Mapping[str, Any], candidates: tuple[str, ...] = FLAT_FILES) -> IpamConfig:
@@ -268,10 +328,36 @@ def load(ipam: Mapping[str, Any], candidates: tuple[str, ...] = FLAT_FILES) -> I
     try:
         return from_dict(merge(ipam, flat))
     except ConfigError as e:
-        if flat_path:
-            e.details = (
-                f"{e.details}; merged with flat file {flat_path}"
-                if e.details
-                else f"merged with flat file {flat_path}"
-            )
-        raise
+        raise _located(e, ipam, candidates, flat_path) from None
+
+
+def load_store(ipam: Mapping[str, Any], candidates: tuple[str, ...] = FLAT_FILES) -> StoreConfig:
+    """The store part of `load` (the operator CLI and the reconciler: no range needed)."""
+    flat_path, flat = read_flat_file(ipam, candidates)
+    try:
+        return store_config(merge(ipam, flat))
+    except ConfigError as e:
+        raise _located(e, ipam, candidates, flat_path) from None
+
+
+def _located(
+    e: ConfigError, ipam: Mapping[str, Any], candidates: tuple[str, ...], flat_path: str
+) -> ConfigError:
+    """`e` naming the flat file it was merged with; with no store configured and no flat file, every
+    path looked at."""
+    if isinstance(e, NoStoreError):
+        where = f"merged with flat file {flat_path}" if flat_path else _looked_at(ipam, candidates)
+        e.details = f"{where}; {e.details}" if e.details else where
+    elif flat_path:
+        where = f"merged with flat file {flat_path}"
+        e.details = f"{e.details}; {where}" if e.details else where
+    return e
+
+
+def _looked_at(ipam: Mapping[str, Any], candidates: tuple[str, ...]) -> str:
+    paths = flat_file_paths(ipam, candidates)
+    if not paths:
+        return "no flat file looked for"
+    given = ipam.get("configuration_path")
+    first = f" (the first from configuration_path {f.show(given)})" if paths != candidates else ""
+    return f"no flat file at {', '.join(paths)}{first}"

@@ -119,8 +119,22 @@ def add(req: Request) -> Result:
     return result(conf, got)
 
 
+def load_to_release(req: Request) -> IpamConfig | None:
+    """DEL and GC of a config that names no store (config.NoStoreError) succeed without one: ADD
+    refuses such a config before any store is opened, so nothing can be held under it. An allocation
+    made while a store was configured (a flat file removed since) stays in that store for the
+    reconciler: failing would only keep the runtime retrying a call that cannot reach it."""
+    try:
+        return load(req)
+    except config.NoStoreError as e:
+        log.warning("%s %s %s: nothing to release: %s", req.command, req.container_id, req.ifname, e)
+        return None
+
+
 def delete(req: Request) -> None:
-    conf = load(req)
+    conf = load_to_release(req)
+    if conf is None:
+        return
     with engine(conf, req) as e:
         e.delete(owner(req))
     log.info("DEL %s %s released", req.container_id, req.ifname)
@@ -135,7 +149,10 @@ def check(req: Request) -> None:
 
 
 def status(req: Request) -> None:
-    conf = load(req)
+    try:
+        conf = load(req)
+    except config.NoStoreError as err:  # no ADD can succeed until the store is configured
+        raise NotAvailableError(err.msg, err.details) from None
     try:
         with engine(conf, command=req.command) as e:
             e.store.ping()
@@ -148,6 +165,8 @@ def gc(req: Request) -> None:
     if valid is None:
         log.warning("GC without cni.dev/valid-attachments: nothing released")
         return
-    conf = load(req)
+    conf = load_to_release(req)
+    if conf is None:
+        return
     with engine(conf, req) as e:
         e.gc(req.name, node_name(req, req.conf.get("ipam") or {}), valid)

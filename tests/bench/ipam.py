@@ -36,7 +36,7 @@ class LocalBench:
     """The local store: one SQLite file per run directory."""
 
     def ipam(self, state: Path) -> dict[str, Any]:
-        return {"local_db": str(state / "ipam.db")}
+        return {"datastore": "local", "local_db": str(state / "ipam.db")}
 
     def open(self, state: Path) -> Store:
         return LocalStore(str(state / "ipam.db"))

@@ -78,8 +78,8 @@ def sides(topo: Topology, scratch: Path, agent_sock: Path) -> list[Side]:
                 "ranges": [[{"subnet": "198.18.0.0/24", "gateway": "198.18.0.1"}]]}
 
     def whereabouts(name: str) -> dict[str, Any]:
-        return {"type": "whereabouts", "range": "198.18.1.0/24", "local_db": str(scratch / f"{name}.db"),
-                "configuration_path": str(scratch / "flat.conf")}
+        return {"type": "whereabouts", "range": "198.18.1.0/24", "datastore": "local",
+                "local_db": str(scratch / f"{name}.db"), "configuration_path": str(scratch / "flat.conf")}
 
     ours = f"{BUNDLE}:{libcni.REFERENCE_DIR}"
     off, on = {"PYCNI_AGENT": "off"}, {"PYCNI_AGENT_SOCKET": str(agent_sock)}

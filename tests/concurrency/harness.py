@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cni import jsonio
-from ipam.config import from_dict
+from ipam.config import load
 from ipam.store.base import Store
 from ipam.store.names import pool_name, reservation_name
 from tests.nsutil import REPO
@@ -95,7 +95,7 @@ def check(
     expected_res: dict[str, tuple[str, str]] = {}
     stored = {r.name: r.owner for r in store.iter_reservations()}
     for conf in confs:
-        ipam = from_dict(conf["ipam"])
+        ipam = load(conf["ipam"], ())  # merged with its flat file, as the plugin does
         for rng in ipam.ranges:
             pool = store.get_pool(pool_name(rng.cidr, ipam.network_name))
             for key, a in pool.allocations.items() if pool else ():
@@ -130,7 +130,9 @@ def check(
 def base_conf(name: str, target_ipam: dict[str, Any], tmp: Path, **ipam: Any) -> dict[str, Any]:
     flat = tmp / "whereabouts.conf"
     if not flat.exists():  # node-local state (local_db, and the cluster stores' locks beside it) in tmp
-        flat.write_text(jsonio.dumps({"local_db": str(tmp / "state" / "whereabouts.db")}).decode())
+        # the local store unless the target names its own (inline wins)
+        doc = {"datastore": "local", "local_db": str(tmp / "state" / "whereabouts.db")}
+        flat.write_text(jsonio.dumps(doc).decode())
     return {
         "cniVersion": "1.1.0",
         "name": name,

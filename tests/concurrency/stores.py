@@ -27,7 +27,7 @@ def local(tmp: Path) -> Iterator[Target]:
     from ipam.store.local import LocalStore
 
     db = str(tmp / "state" / "whereabouts.db")
-    yield Target({"local_db": db}, lambda: LocalStore(db))
+    yield Target({"datastore": "local", "local_db": db}, lambda: LocalStore(db))
 
 
 def kubernetes(tenant: Tenant) -> AbstractContextManager[Target]:

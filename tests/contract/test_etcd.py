@@ -214,7 +214,7 @@ def test_dead_endpoints_are_skipped(tmp_path: Path) -> None:
     etcd = etcdutil.shared()
     dead = f"http://127.0.0.1:{free_port()}"
     store = EtcdStore(Gateway(parse_endpoints(f"{dead}, {etcd.url}", False)), f"/pycni/ep-{os.getpid()}/")
-    Engine(store, from_dict({"range": RANGE})).add(LIVE)
+    Engine(store, from_dict({"datastore": "local", "range": RANGE})).add(LIVE)
     assert store.get_pool(POOL) is not None
     store.close()
 
@@ -231,7 +231,10 @@ def test_listing_pages_through_the_keys(monkeypatch: pytest.MonkeyPatch, tmp_pat
     real = store.gw.call
     store.gw.call = lambda m, b: calls.append(b) or real(m, b)  # type: ignore[method-assign]
     engine = Engine(
-        store, from_dict({"ipRanges": [{"range": "198.51.100.0/28"}, {"range": "2001:db8::/124"}]})
+        store,
+        from_dict(
+            {"datastore": "local", "ipRanges": [{"range": "198.51.100.0/28"}, {"range": "2001:db8::/124"}]}
+        ),
     )
     for i in range(10):
         engine.add(Allocation(f"c{i}", f"ns/p{i}", "net1"))
@@ -249,7 +252,7 @@ def test_cli_and_reconciler_over_etcd(tmp_path: Path) -> None:
     prefix = "/pycni/whereabouts/"
     with etcdutil.running() as etcd:
         store = store_of(etcd, tmp_path)
-        engine = Engine(store, from_dict({"range": RANGE, "network_name": "blue"}))
+        engine = Engine(store, from_dict({"datastore": "local", "range": RANGE, "network_name": "blue"}))
         for who in (LIVE, GONE, NOUID):
             engine.add(who)
         ipam = tmp_path / "ipam.json"

@@ -44,6 +44,7 @@ def ipam(tmp_path: Path) -> Iterator[dict[str, Any]]:
         "exclude": ["198.51.100.1"],
         "ipRanges": [{"range": "2001:db8:e2e::/64"}],
         "gateway": "198.51.100.1",
+        "datastore": "local",
         "local_db": str(tmp_path / "state" / "ipam.db"),
         "configuration_path": str(flat),
     }

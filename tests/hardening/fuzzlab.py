@@ -77,8 +77,8 @@ class FuzzLab:
     # ---- configurations and environments -----------------------------------------------------------
 
     def ipam(self, **extra: Any) -> dict[str, Any]:
-        store = self.target.ipam if self.target is not None else {"local_db": str(self.db),
-                                                                    "etcd_password": SECRET}
+        local = {"datastore": "local", "local_db": str(self.db), "etcd_password": SECRET}
+        store = self.target.ipam if self.target is not None else local
         return {"type": "whereabouts", "range": "198.18.4.0/28", "configuration_path": str(self.flat),
                 "log_level": "debug", **store, **extra}
 

@@ -24,6 +24,7 @@ from tests.hardening.conftest import TALLY
 
 pytestmark = pytest.mark.root  # namespaces, links, mounts
 
+LOCAL = lambda db: {"datastore": "local", "local_db": str(db)}  # noqa: E731
 BOUND = 60.0  # seconds: far inside the kubelet's 4 min, far above a loaded 2-core machine's need
 
 
@@ -75,7 +76,7 @@ def consistent(db: Path, conf: dict[str, Any]) -> dict[tuple[str, str, str], lis
 def test_read_only_state_dir(tmp_path: Path) -> None:
     with tmpfs(tmp_path / "state") as state:
         db = state / "whereabouts.db"
-        conf = base_conf("ro", {"local_db": str(db)}, tmp_path, range="198.51.100.0/28")
+        conf = base_conf("ro", LOCAL(db), tmp_path, range="198.51.100.0/28")
         kept, new = Att("ro-kept", "net1", "ns/kept"), Att("ro-new", "net1", "ns/new")
         assert call(kept, "ADD", conf)[0] == 0
         remount(state, "ro")
@@ -95,7 +96,7 @@ def test_read_only_before_the_store_exists(tmp_path: Path) -> None:
     with tmpfs(tmp_path / "state") as state:
         remount(state, "ro")
         db = state / "sub" / "whereabouts.db"
-        conf = base_conf("ro0", {"local_db": str(db)}, tmp_path, range="198.51.100.0/28")
+        conf = base_conf("ro0", LOCAL(db), tmp_path, range="198.51.100.0/28")
         try:
             assert_clear_failure(*call(Att("ro0", "net1", "ns/a"), "ADD", conf), db, "read-only")
         finally:
@@ -122,7 +123,7 @@ def test_full_state_dir(tmp_path: Path, when: str) -> None:
     # busy store itself once filled the file system, before the filler); the filler fills it anyway
     with tmpfs(tmp_path / "state", size="4m") as state:
         db = state / "whereabouts.db"
-        conf = base_conf("full", {"local_db": str(db)}, tmp_path, range="198.18.8.0/22")
+        conf = base_conf("full", LOCAL(db), tmp_path, range="198.18.8.0/22")
         atts = [Att(f"full-{i:03d}", "net1", f"ns/p{i}") for i in range(40)]
         if when == "busy-store":
             results = spawn_all((a.env("ADD"), conf) for a in atts[:20])

@@ -44,7 +44,8 @@ def cni_path(tmp_path: Path) -> str:
 
 def conf(topo: Topology, tmp_path: Path, **extra: Any) -> dict[str, Any]:
     ipam = {"type": "whereabouts", "range": "198.51.100.0/24", "exclude": ["198.51.100.1"],
-            "local_db": str(tmp_path / "ipam.db"), "configuration_path": str(tmp_path / "flat.conf")}
+            "datastore": "local", "local_db": str(tmp_path / "ipam.db"),
+            "configuration_path": str(tmp_path / "flat.conf")}
     (tmp_path / "flat.conf").write_text("{}")
     return {"cniVersion": "1.0.0", "name": "agentnet", "type": "macvlan", "master": topo.uplink,
             "dad": "off", "ipam": ipam, **extra}

@@ -31,8 +31,8 @@ def whereabouts(tmp: Path) -> tuple[dict[str, Any], str]:
     the frozen passes (the plugin then runs it in-process, as installed), the source otherwise."""
     flat = tmp / "whereabouts.conf"
     flat.write_text("{}")
-    ipam = {"type": "whereabouts", "range": "198.18.7.0/29", "local_db": str(tmp / "ipam" / "w.db"),
-            "configuration_path": str(flat)}
+    ipam = {"type": "whereabouts", "range": "198.18.7.0/29", "datastore": "local",
+            "local_db": str(tmp / "ipam" / "w.db"), "configuration_path": str(flat)}
     frozen = os.environ.get("PYCNI_PLUGIN_DIR")
     path = frozen or str(ipamutil.write_wrappers(tmp / "ipam-bin"))
     return ipam, f"{path}:/usr/lib/cni"

@@ -67,7 +67,7 @@ class Net:
 
     @classmethod
     def of(cls, conf: dict[str, Any]) -> Net:
-        ipam = from_dict(conf["ipam"])
+        ipam = from_dict({"datastore": "local", **conf["ipam"]})  # its ranges; the store is the flat file's
         return cls(conf, tuple(ipam.ranges), ipam.overlapping, ipam.network_name)
 
 

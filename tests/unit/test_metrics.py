@@ -186,7 +186,7 @@ def test_engine_counts_lost_pool_writes_and_reservation_races(rec: Recorder) -> 
 
 
 def test_combiner_counts_each_ops_races_once(rec: Recorder) -> None:
-    rng = from_dict({"range": "198.51.100.0/24"}).ranges[0]
+    rng = from_dict({"datastore": "local", "range": "198.51.100.0/24"}).ranges[0]
     ops = [Op("add", rng, A, True), Op("add", rng, B, True)]
 
     def execute(batch: list[Op]) -> None:
@@ -200,7 +200,7 @@ def test_combiner_counts_each_ops_races_once(rec: Recorder) -> None:
 def conf(tmp_path: Path, rng: str = "198.51.100.0/24") -> dict[str, Any]:
     flat = tmp_path / "whereabouts.conf"
     flat.write_text("{}")
-    ipam = {"type": "whereabouts", "range": rng, "local_db": str(tmp_path / "ipam.db"),
+    ipam = {"type": "whereabouts", "range": rng, "datastore": "local", "local_db": str(tmp_path / "ipam.db"),
             "configuration_path": str(flat)}
     return {"cniVersion": "1.0.0", "name": "netA", "type": "macvlan", "ipam": ipam}
 
@@ -325,8 +325,8 @@ def test_reconciler_endpoint_drops_pools_that_are_gone(served: list[Exporter]) -
 def seeded_db(tmp_path: Path) -> str:
     path = str(tmp_path / "ipam.db")
     store = LocalStore(path)
-    engine = Engine(store, from_dict({"range": "198.51.100.0/24", "network_name": "blue",
-                                      "ipRanges": [{"range": "2001:db8::/120"}]}))
+    engine = Engine(store, from_dict({"datastore": "local", "range": "198.51.100.0/24",
+                                      "network_name": "blue", "ipRanges": [{"range": "2001:db8::/120"}]}))
     for who in (A, B):
         engine.add(who)
     store.close()

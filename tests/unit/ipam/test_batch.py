@@ -30,7 +30,7 @@ RANGE = "198.51.100.0/24"
 
 
 def rng() -> IPRange:
-    return from_dict({"range": RANGE}).ranges[0]
+    return from_dict({"datastore": "local", "range": RANGE}).ranges[0]
 
 
 def test_batch_view_hides_removed_and_shows_decided_entries() -> None:

@@ -34,7 +34,8 @@ def db(tmp_path: Path) -> str:
     engine = Engine(
         store,
         from_dict(
-            {"range": "198.51.100.0/24", "network_name": "blue", "ipRanges": [{"range": "2001:db8::/120"}]}
+            {"datastore": "local", "range": "198.51.100.0/24", "network_name": "blue",
+             "ipRanges": [{"range": "2001:db8::/120"}]}
         ),
     )
     for who in (LIVE, GONE, REUSED, NOUID, NOPOD):
@@ -127,7 +128,7 @@ def test_changed_entry_is_not_freed(db: str) -> None:
     pool = store.get_pool("blue-198.51.100.0-24")
     assert pool is not None
     key = next(k for k, a in pool.allocations.items() if a.container_id == "c-gone")
-    Engine(store, from_dict({"range": "198.51.100.0/24", "network_name": "blue"})).add(
+    Engine(store, from_dict({"datastore": "local", "range": "198.51.100.0/24", "network_name": "blue"})).add(
         GONE._replace(container_id="c-gone-2", podref="ns/gone")
     )
     freed = rec._release(pool, {key: GONE}, Report())
@@ -243,7 +244,8 @@ def test_cli_config_file_selects_the_store(db: str, tmp_path: Path) -> None:
                 "plugins": [
                     {
                         "type": "macvlan",
-                        "ipam": {"type": "whereabouts", "local_db": db, "configuration_path": str(flat)},
+                        "ipam": {"type": "whereabouts", "datastore": "local", "local_db": db,
+                                 "configuration_path": str(flat)},
                     }
                 ],
             }
@@ -251,6 +253,28 @@ def test_cli_config_file_selects_the_store(db: str, tmp_path: Path) -> None:
     )
     rc, out, err = run_cli("--config", str(conflist), "pools")
     assert rc == 0 and "blue-198.51.100.0-24" in out, err
+
+
+def test_cli_takes_the_local_store_a_flat_file_chooses(db: str, tmp_path: Path) -> None:
+    flat = tmp_path / "whereabouts.conf"
+    flat.write_bytes(jsonio.dumps({"datastore": "local", "local_db": db}))
+    conf = tmp_path / "net.conf"
+    conf.write_bytes(jsonio.dumps({"type": "whereabouts", "configuration_path": str(tmp_path)}))
+    rc, out, err = run_cli("--config", str(conf), "pools")
+    assert rc == 0 and "blue-198.51.100.0-24" in out, err
+
+
+def test_cli_refuses_a_config_that_names_no_store(db: str, tmp_path: Path) -> None:
+    """As the plugin: no datastore, kubeconfig or etcd_host anywhere is an error naming where it looked
+    (never the default local database, which exists here only as `db` elsewhere)."""
+    typo = tmp_path / "wherabouts.conf"
+    conf = tmp_path / "net.conf"
+    conf.write_bytes(jsonio.dumps({"type": "whereabouts", "range": "198.51.100.0/24",
+                                   "configuration_path": str(typo)}))
+    rc, out, err = run_cli("--config", str(conf), "pools")
+    assert (rc, out) == (2, ""), err
+    assert "ipam.datastore: no store configured" in err and f"no flat file at {typo}, " in err, err
+    assert '"datastore": "local"' in err and "--local-db PATH" in err, err
 
 
 def test_run_forever_runs_until_stopped_and_survives_a_failed_run(db: str) -> None:
@@ -295,7 +319,7 @@ def test_cli_never_creates_a_missing_database(tmp_path: Path) -> None:
     conf = tmp_path / "net.conf"
     flat = tmp_path / "flat.conf"
     flat.write_text("{}")
-    conf.write_bytes(jsonio.dumps({"type": "whereabouts", "local_db": str(missing),
+    conf.write_bytes(jsonio.dumps({"type": "whereabouts", "datastore": "local", "local_db": str(missing),
                                    "configuration_path": str(flat)}))
     rc, out, err = run_cli("--config", str(conf), "pools")
     assert rc == 2 and f"local_db (from {conf}): no database at {missing}" in err, err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ def bad(d: dict[str, Any], field: str, text: str = "") -> None:
 
 
 R = "198.51.100.0/24"
+LOCAL = {"datastore": "local"}
 
 
 @pytest.mark.parametrize(
@@ -70,12 +72,14 @@ R = "198.51.100.0/24"
         ({"range": R, "addresses": [{"address": "198.51.100.9"}]}, "ipam.addresses[0].address", "not a CIDR"),
         ({"range": R, "enable_overlapping_ranges": "yes"}, "ipam.enable_overlapping_ranges", "boolean"),
         ({"range": R, "network_name": "a/b"}, "ipam.network_name", "invalid characters"),
-        ({"range": R, "node_slice_size": "/22"}, "ipam.node_slice_size", "larger than the range"),
-        ({"range": R, "node_slice_size": "/26"}, "ipam.node_slice_size", "kubernetes datastore"),
+        ({"range": R, "node_slice_size": "/22", **LOCAL}, "ipam.node_slice_size", "larger than the range"),
+        ({"range": R, "node_slice_size": "/26", **LOCAL}, "ipam.node_slice_size", "kubernetes datastore"),
         ({"range": R, "datastore": "consul"}, "ipam.datastore", "unknown value"),
         ({"range": R, "datastore": "kubernetes"}, "ipam.kubernetes.kubeconfig", "required"),
         ({"range": R, "datastore": "etcd"}, "ipam.etcd_host", "required"),
-        ({"range": R, "local_db": "relative/x.db"}, "ipam.local_db", "absolute"),
+        ({"range": R, "datastore": "local", "local_db": "relative/x.db"}, "ipam.local_db", "absolute"),
+        ({"range": R}, "ipam.datastore", "no store configured"),
+        ({"range": R, "local_db": "/tmp/x.db"}, "ipam.datastore", 'add "datastore": "local"'),
         ({"range": R, "kubernetes": {"kubeconfig": 5}}, "ipam.kubernetes.kubeconfig", "must be a string"),
     ],
 )
@@ -108,6 +112,7 @@ def test_every_field() -> None:
             "sleep_for_race": 0,
             "reconciler_cron_expression": "30 4 * * *",
             "configuration_path": "/nonexistent",
+            "datastore": "local",
             "local_db": "/tmp/pycni-test/x.db",
         }
     )
@@ -123,7 +128,7 @@ def test_every_field() -> None:
 
 
 def test_defaults() -> None:
-    c = from_dict({"range": R})
+    c = from_dict({"range": R, "datastore": "local"})
     assert c.overlapping is True and c.network_name == ""
     assert c.store.datastore == "local" and c.store.local_db == config.DEFAULT_LOCAL_DB
 
@@ -134,7 +139,8 @@ def test_defaults() -> None:
         ({"kubernetes": {"kubeconfig": "/etc/k"}}, "kubernetes"),
         ({"etcd_host": "127.0.0.1:2379"}, "etcd"),
         ({"datastore": "local", "kubernetes": {"kubeconfig": "/etc/k"}}, "local"),
-        ({}, "local"),
+        ({"datastore": "local"}, "local"),
+        ({"datastore": "etcd", "etcd_host": "h:2379", "kubernetes": {"kubeconfig": "/etc/k"}}, "etcd"),
     ],
 )
 def test_datastore_selection(d: dict[str, Any], store: str) -> None:
@@ -178,16 +184,150 @@ def test_load_with_flat_file(tmp_path: Path) -> None:
     assert c.store.datastore == "local"
 
 
-def test_missing_flat_file_is_fine(tmp_path: Path) -> None:
-    c = load({"range": R}, candidates=(str(tmp_path / "none.conf"),))
-    assert c.store.datastore == "local"
+NETOP = {"type": "whereabouts", "range": R, "exclude": ["198.51.100.0/28"]}  # as the Network Operator renders
+
+
+def flat_file(path: Path, doc: dict[str, Any]) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(jsonio.dumps(doc))
+    return str(path)
+
+
+def no_store(ipam: dict[str, Any], candidates: tuple[str, ...]) -> config.NoStoreError:
+    """load and load_store both refuse `ipam`, with the same code 7 error; returned for its text."""
+    with pytest.raises(config.NoStoreError) as e:
+        load(ipam, candidates=candidates)
+    with pytest.raises(config.NoStoreError) as s:
+        config.load_store(ipam, candidates=candidates)
+    assert (e.value.code, str(e.value)) == (Code.INVALID_CONFIG, str(s.value))
+    return e.value
+
+
+def test_the_local_store_chosen_inline_needs_no_flat_file(tmp_path: Path) -> None:
+    c = load({**NETOP, "datastore": "local"}, candidates=(str(tmp_path / "none.conf"),))
+    assert c.store.datastore == "local" and c.store.local_db == config.DEFAULT_LOCAL_DB
+
+
+def test_a_flat_file_choosing_the_local_store_serves_a_nad_without_one(tmp_path: Path) -> None:
+    flat = flat_file(tmp_path / "whereabouts.conf", {"datastore": "local", "local_db": "/tmp/l.db"})
+    assert load(NETOP, candidates=(flat,)).store == config.StoreConfig("local", "/tmp/l.db")
+
+
+def test_no_flat_file_and_no_store_is_code_7_naming_every_path_tried(tmp_path: Path) -> None:
+    paths = (str(tmp_path / "a" / "whereabouts.conf"), str(tmp_path / "b" / "whereabouts.conf"))
+    err = no_store(NETOP, paths)
+    assert err.msg.startswith("ipam.datastore: no store configured"), err.msg
+    assert "kubernetes.kubeconfig" in err.msg and "etcd_host" in err.msg
+    assert f"no flat file at {paths[0]}, {paths[1]}" in err.details, err.details
+    assert '"datastore": "local"' in err.details
+
+
+def test_the_default_flat_file_locations_are_the_ones_named() -> None:
+    """The plugin's own candidates, as upstream's."""
+    there = [p for p in config.FLAT_FILES if os.path.lexists(p)]
+    if there:
+        pytest.skip(f"this machine has a flat file of its own: {there}")
+    err = no_store(NETOP, config.FLAT_FILES)
+    assert "no flat file at " + ", ".join(config.FLAT_FILES) in err.details
+    assert "/etc/cni/net.d/whereabouts.d/whereabouts.conf" in config.FLAT_FILES
+
+
+def test_a_flat_file_with_a_kubeconfig_serves_a_nad_without_a_store(tmp_path: Path) -> None:
+    flat = flat_file(
+        tmp_path / "whereabouts.d" / "whereabouts.conf",
+        {"datastore": "kubernetes", "kubernetes": {"kubeconfig": "/etc/k"}},
+    )
+    c = load(NETOP, candidates=(str(tmp_path / "first.conf"), flat))
+    assert c.store.datastore == "kubernetes" and c.store.kubernetes.kubeconfig == "/etc/k"
+    # the kubeconfig alone implies the store (upstream's flat file always has it)
+    flat_file(Path(flat), {"kubernetes": {"kubeconfig": "/etc/k"}})
+    assert config.load_store(NETOP, candidates=(flat,)).datastore == "kubernetes"
+
+
+def test_a_flat_file_that_names_no_store_is_named_in_the_error(tmp_path: Path) -> None:
+    flat = flat_file(tmp_path / "whereabouts.conf", {"log_level": "debug"})
+    err = no_store(NETOP, (flat,))
+    assert f"merged with flat file {flat}" in err.details and '"datastore": "local"' in err.details
+
+
+def test_a_configuration_path_typo_is_named_first_and_the_defaults_still_apply(tmp_path: Path) -> None:
+    typo = str(tmp_path / "wherabouts.d")
+    default = str(tmp_path / "whereabouts.d" / "whereabouts.conf")
+    err = no_store({**NETOP, "configuration_path": typo}, (default,))
+    assert f"no flat file at {typo}, {default}" in err.details, err.details
+    assert f'configuration_path "{typo}"' in err.details
+    # as upstream: configuration_path is only tried first; a default flat file still serves the call
+    flat_file(Path(default), {"kubernetes": {"kubeconfig": "/etc/k"}})
+    assert load({**NETOP, "configuration_path": typo}, candidates=(default,)).store.datastore == "kubernetes"
+
+
+def test_configuration_path_as_a_directory_names_its_whereabouts_conf(tmp_path: Path) -> None:
+    err = no_store({**NETOP, "configuration_path": str(tmp_path)}, ())
+    assert f"no flat file at {tmp_path / 'whereabouts.conf'}" in err.details, err.details
+
+
+@pytest.mark.parametrize(
+    ("inline", "flat"),
+    [
+        ({"etcd_host": "h:2379"}, None),
+        ({}, {"etcd_host": "h:2379", "etcd_username": "u"}),
+        ({"datastore": "etcd"}, {"etcd_host": "h:2379"}),
+    ],
+)
+def test_etcd_settings_select_etcd(
+    tmp_path: Path, inline: dict[str, Any], flat: dict[str, Any] | None
+) -> None:
+    path = tmp_path / "whereabouts.conf"
+    if flat is not None:
+        flat_file(path, flat)
+    assert load({**NETOP, **inline}, candidates=(str(path),)).store.etcd.host == "h:2379"
+    assert config.load_store({**NETOP, **inline}, candidates=(str(path),)).datastore == "etcd"
+
+
+@pytest.mark.parametrize(
+    ("inline", "flat", "field"),
+    [
+        ({"datastore": "kubernetes"}, None, "ipam.kubernetes.kubeconfig"),
+        ({}, {"datastore": "kubernetes"}, "ipam.kubernetes.kubeconfig"),
+        ({}, {"datastore": "etcd"}, "ipam.etcd_host"),
+    ],
+)
+def test_a_cluster_store_without_its_settings_names_the_missing_field(
+    tmp_path: Path, inline: dict[str, Any], flat: dict[str, Any] | None, field: str
+) -> None:
+    path = tmp_path / "whereabouts.conf"
+    if flat is not None:
+        flat_file(path, flat)
+    err = no_store({**NETOP, **inline}, (str(path),))
+    assert err.msg.startswith(f"{field}: required"), err.msg
+    where = f"merged with flat file {path}" if flat is not None else f"no flat file at {path}"
+    assert where in err.details, err.details
+
+
+@pytest.mark.parametrize(
+    ("inline", "flat", "store"),
+    [
+        # a NAD's own kubeconfig is never served from the local store a node's flat file names
+        ({"kubernetes": {"kubeconfig": "/etc/nad"}}, {"datastore": "local"}, "kubernetes"),
+        ({"etcd_host": "h:2379"}, {"datastore": "kubernetes", "kubernetes": {"kubeconfig": "/k"}}, "etcd"),
+        # an explicit inline choice wins over what the flat file names or implies
+        ({"datastore": "local"}, {"datastore": "kubernetes", "kubernetes": {"kubeconfig": "/k"}}, "local"),
+        # nothing inline: the flat file decides
+        ({}, {"datastore": "local", "kubernetes": {"kubeconfig": "/k"}}, "local"),
+    ],
+)
+def test_the_inline_config_decides_the_store_before_the_flat_file(
+    tmp_path: Path, inline: dict[str, Any], flat: dict[str, Any], store: str
+) -> None:
+    path = flat_file(tmp_path / "whereabouts.conf", flat)
+    assert load({**NETOP, **inline}, candidates=(path,)).store.datastore == store
 
 
 def test_flat_file_from_candidates_in_order(tmp_path: Path) -> None:
     a, b = tmp_path / "a.conf", tmp_path / "b.conf"
-    b.write_bytes(jsonio.dumps({"network_name": "from-b"}))
+    b.write_bytes(jsonio.dumps({"network_name": "from-b", "datastore": "local"}))
     assert load({"range": R}, candidates=(str(a), str(b))).network_name == "from-b"
-    a.write_bytes(jsonio.dumps({"network_name": "from-a"}))
+    a.write_bytes(jsonio.dumps({"network_name": "from-a", "datastore": "local"}))
     assert load({"range": R}, candidates=(str(a), str(b))).network_name == "from-a"
 
 

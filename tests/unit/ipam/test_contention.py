@@ -17,7 +17,7 @@ OTHER = Allocation("c2", "ns/q", "net1", "v", "blue", "n")
 
 
 def test_spread_picks_among_the_lowest_free_only() -> None:
-    r = from_dict({"range": "198.51.100.0/24", "exclude": ["198.51.100.3"]}).ranges[0]
+    r = from_dict({"datastore": "local", "range": "198.51.100.0/24", "exclude": ["198.51.100.3"]}).ranges[0]
     pool = Pool("p", r.cidr, {"1": OTHER})
     picks = {
         allocator.allocate(r, pool, OWNER, {2}, spread=4, pick=lambda n, i=i: i % n).offset for i in range(8)
@@ -27,7 +27,7 @@ def test_spread_picks_among_the_lowest_free_only() -> None:
 
 
 def test_a_reservation_already_made_is_preferred_while_free() -> None:
-    r = from_dict({"range": "198.51.100.0/24"}).ranges[0]
+    r = from_dict({"datastore": "local", "range": "198.51.100.0/24"}).ranges[0]
     pool = Pool("p", r.cidr, {})
     assert allocator.allocate(r, pool, OWNER, prefer=[9], spread=8).offset == 9
     taken = Pool("p", r.cidr, {"9": OTHER})
@@ -52,7 +52,7 @@ def test_racers_reservations_spread_the_next_pick() -> None:
         store.put_reservation(
             Reservation(f"198.51.100.{i}", OTHER._replace(container_id=f"r{i}", podref=f"ns/r{i}"))
         )
-    e = Engine(store, from_dict({"range": "198.51.100.0/24"}), Retry())
+    e = Engine(store, from_dict({"datastore": "local", "range": "198.51.100.0/24"}), Retry())
     (got,) = e.add(OWNER)
     assert got[1] >= 6
     res = store.get_reservation(f"198.51.100.{got[1]}")

@@ -39,7 +39,7 @@ def make(
     store: Any = None,
     clock: Clock | None = None,
 ) -> Engine:
-    conf = from_dict(ipam or {"range": "198.51.100.0/24"})
+    conf = from_dict({"datastore": "local", **(ipam or {"range": "198.51.100.0/24"})})  # a memory store
     clock = clock or Clock()
     retry = Retry(clock=clock, sleep=clock.sleep, rand=lambda: 0.5)
     return Engine(store or MemoryStore(backend or Backend()), conf, retry)

@@ -32,7 +32,8 @@ def add_with_claims_in_flight(
         other = Allocation(f"other{i}", f"ns/o{i}", "net1", "", network)
         store.put_reservation(Reservation(f"198.51.100.{i}", other))
     rands = iter([rand, *more])
-    engine = Engine(store, from_dict({"range": "198.51.100.0/24"}), Retry(rand=lambda: next(rands, rand)))
+    conf = from_dict({"datastore": "local", "range": "198.51.100.0/24"})
+    engine = Engine(store, conf, Retry(rand=lambda: next(rands, rand)))
     [(rng, offset)] = engine.add(A)
     return str(rng.address(offset))
 
@@ -85,7 +86,7 @@ def test_del_frees_a_reservation_left_without_a_pool_entry() -> None:
     store = MemoryStore()
     store.put_reservation(Reservation("198.51.100.7", A))
     store.put_reservation(Reservation("198.51.100.8", Allocation("other", "ns/o", "net1", "", "netA")))
-    engine = Engine(store, from_dict({"range": "198.51.100.0/24"}))
+    engine = Engine(store, from_dict({"datastore": "local", "range": "198.51.100.0/24"}))
     engine.delete(A)
     assert [r.name for r in store.iter_reservations()] == ["198.51.100.8"]
     engine.delete(A)  # idempotent
@@ -95,5 +96,5 @@ def test_del_frees_a_reservation_left_without_a_pool_entry() -> None:
 def test_stores_that_serialise_writers_do_not_sweep() -> None:
     store = Exclusive()
     store.put_reservation(Reservation("198.51.100.7", A))  # cannot happen there: one transaction
-    Engine(store, from_dict({"range": "198.51.100.0/24"})).delete(A)
+    Engine(store, from_dict({"datastore": "local", "range": "198.51.100.0/24"})).delete(A)
     assert [r.name for r in store.iter_reservations()] == ["198.51.100.7"]

@@ -27,7 +27,7 @@ UP_RES = Allocation("", "ns/u", "net1")  # an upstream reservation: no container
 
 
 def make(ipam: dict[str, Any] | None = None, store: MemoryStore | None = None) -> Engine:
-    conf = from_dict(ipam or {"range": "198.51.100.0/24"})
+    conf = from_dict({"datastore": "local", **(ipam or {"range": "198.51.100.0/24"})})  # a memory store
     return Engine(store or MemoryStore(Backend()), conf, Retry(rand=lambda: 0.5))
 
 

@@ -18,7 +18,7 @@ B = Allocation("b" * 64, "ns/b", "net1", "uid-b", "blue", "node-1")
 
 
 def ranges() -> list[Op]:
-    conf = from_dict({"ipRanges": [
+    conf = from_dict({"datastore": "local", "ipRanges": [
         {"range": "198.51.100.0/24", "range_start": "198.51.100.10", "exclude": ["198.51.100.32/28"]},
         {"range": "2001:db8::/120"}]})  # fmt: skip
     return [Op("add", conf.ranges[0], A, True), Op("del", conf.ranges[1], A, False)]

@@ -32,6 +32,7 @@ def conf(tmp_path: Path) -> dict[str, Any]:
             "gateway": "198.51.100.1",
             "ipRanges": [{"range": "2001:db8::/64"}],
             "routes": [{"dst": "198.18.0.0/15"}],
+            "datastore": "local",
             "local_db": str(tmp_path / "db" / "ipam.db"),
             "configuration_path": str(flat),
         },
@@ -151,6 +152,55 @@ def test_unreachable_store_is_11_on_add_and_del_and_50_on_status(
         assert rc == 1 and out["code"] == 11, out
     rc, out = call("STATUS", conf)
     assert rc == 1 and out["code"] == 50
+
+
+def netop_conf(flat: Path, version: str = "0.3.1") -> dict[str, Any]:
+    """A NAD as the NVIDIA Network Operator renders it: no store settings (the node's flat file has
+    them); configuration_path stands in for the default flat file locations (tests never write there)."""
+    return {
+        "cniVersion": version,
+        "name": "netop",
+        "type": "macvlan",
+        "ipam": {"type": "whereabouts", "range": "198.51.100.0/24", "exclude": ["198.51.100.0/28"],
+                 "configuration_path": str(flat)},
+    }
+
+
+def test_no_store_configured_add_is_code_7_and_writes_nothing(tmp_path: Path) -> None:
+    flat = tmp_path / "whereabouts.d" / "whereabouts.conf"
+    before = set(tmp_path.rglob("*"))
+    rc, out = call("ADD", netop_conf(flat))
+    assert rc == 1 and out["code"] == 7, out
+    assert out["msg"].startswith("ipam.datastore: no store configured"), out
+    assert f"no flat file at {flat}, " in out["details"] and '"datastore": "local"' in out["details"], out
+    assert set(tmp_path.rglob("*")) == before
+
+
+def test_no_store_configured_del_and_gc_succeed_check_is_7_status_is_50(tmp_path: Path) -> None:
+    """DEL and GC have nothing to release (no ADD could allocate under this config); CHECK cannot find
+    the allocation it checks; STATUS says no ADD can succeed yet (code 50: the runtime waits)."""
+    flat = tmp_path / "whereabouts.d" / "whereabouts.conf"
+    conf = netop_conf(flat, "1.1.0")
+    before = set(tmp_path.rglob("*"))
+    assert call("DEL", conf) == (0, None)
+    gc = {**conf, "cni.dev/valid-attachments": [{"containerID": "c2", "ifname": "net1"}]}
+    assert call("GC", gc) == (0, None)
+    rc, out = call("CHECK", conf)
+    assert rc == 1 and out["code"] == 7 and out["msg"].startswith("ipam.datastore:"), out
+    rc, out = call("STATUS", conf)
+    assert rc == 1 and out["code"] == 50 and out["msg"].startswith("ipam.datastore:"), out
+    assert str(flat) in out["details"]
+    assert set(tmp_path.rglob("*")) == before
+
+
+def test_a_flat_file_choosing_the_local_store_serves_the_netop_nad(tmp_path: Path) -> None:
+    flat = tmp_path / "whereabouts.d" / "whereabouts.conf"
+    flat.parent.mkdir()
+    flat.write_bytes(jsonio.dumps({"datastore": "local", "local_db": str(tmp_path / "db" / "ipam.db")}))
+    rc, out = call("ADD", netop_conf(flat))
+    assert rc == 0 and out["ips"][0]["address"] == "198.51.100.16/24", out
+    assert (tmp_path / "db" / "ipam.db").exists()
+    assert call("DEL", netop_conf(flat)) == (0, None)
 
 
 def test_missing_ipam_section() -> None:

@@ -18,7 +18,7 @@ OWNER = Allocation("c1", "ns/p1", "net1")
 
 
 def rng(**ipam: object) -> IPRange:
-    return from_dict(dict(ipam)).ranges[0]
+    return from_dict({"datastore": "local", **ipam}).ranges[0]
 
 
 def fill(r: IPRange, offsets: list[int] | range) -> Pool:
@@ -105,7 +105,9 @@ def test_host_bits_are_cleared() -> None:
 
 
 def test_dual_stack_ranges_one_each() -> None:
-    conf = from_dict({"ipRanges": [{"range": "198.51.100.0/24"}, {"range": "2001:db8::/64"}]})
+    conf = from_dict(
+        {"datastore": "local", "ipRanges": [{"range": "198.51.100.0/24"}, {"range": "2001:db8::/64"}]}
+    )
     assert [r.cidr for r in conf.ranges] == ["198.51.100.0/24", "2001:db8::/64"]
     assert conf.ranges[1].size == 2**64 - 1
 
