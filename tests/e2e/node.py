@@ -4,6 +4,10 @@ dir /var/lib/cni/pycni/devices) run in a private mount namespace per command (`u
 /var/lib is a directory under the test's tmp_path. Propagation is slave: pod namespaces made on the host
 after a command started still show in /run/netns, and nothing mounted here reaches the host.
 
+With `cni_conf_dir`, the node's /etc/cni/net.d is that directory too (the IPAM's default flat file
+/etc/cni/net.d/whereabouts.d/whereabouts.conf is then the test's own): it must exist on the machine, as
+a mount point (`CNI_CONF_ABSENT` says why a test skips).
+
 With PYCNI_TEST_AGENT=1 the plugins are served by an agent, which resolves paths in its own mount
 namespace: `agent()` starts one for this node (inside the same view), and `env()` points the shims at it."""
 
@@ -22,13 +26,24 @@ from tests import agentutil
 from tests.nsutil import REPO
 
 ENTER = 'mount --bind "$1" /var/lib && shift && exec "$@"'
+ENTER_CONF = 'mount --bind "$1" /var/lib && mount --bind "$2" /etc/cni/net.d && shift 2 && exec "$@"'
+CNI_CONF = "/etc/cni/net.d"
+
+
+def cni_conf_absent() -> str:
+    """Why a node cannot have its own /etc/cni/net.d here ("" when it can)."""
+    return "" if os.path.isdir(CNI_CONF) else f"{CNI_CONF} does not exist on this machine (a mount point)"
 
 
 class Node:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, cni_conf_dir: Path | None = None) -> None:
         self.root = root
         self.var_lib = root / "var-lib"
         self.var_lib.mkdir(parents=True, exist_ok=True)
+        self.cni_conf_dir = cni_conf_dir
+        if cni_conf_dir is not None:
+            assert not cni_conf_absent(), cni_conf_absent()
+            cni_conf_dir.mkdir(parents=True, exist_ok=True)
         self.agent_socket: Path | None = None
 
     def path(self, host_path: str) -> Path:
@@ -37,6 +52,9 @@ class Node:
         return self.var_lib / rel
 
     def command(self, *cmd: str) -> list[str]:
+        if self.cni_conf_dir is not None:
+            return ["unshare", "--mount", "--propagation", "slave", "sh", "-c", ENTER_CONF, "node",
+                    str(self.var_lib), str(self.cni_conf_dir), *cmd]
         return ["unshare", "--mount", "--propagation", "slave", "sh", "-c", ENTER, "node",
                 str(self.var_lib), *cmd]
 
