@@ -24,6 +24,7 @@ from ipam.ranges import IPRange
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 DATASTORES = ("local", "kubernetes", "etcd")
@@ -324,18 +325,20 @@ LOCAL_IS_EXPLICIT = (
 
 def load(ipam: Mapping[str, Any], candidates: tuple[str, ...] = FLAT_FILES) -> IpamConfig:
     """The plugin's entry: flat file found and merged, then parsed."""
-    flat_path, flat = read_flat_file(ipam, candidates)
-    try:
-        return from_dict(merge(ipam, flat))
-    except ConfigError as e:
-        raise _located(e, ipam, candidates, flat_path) from None
+    return _merged(ipam, candidates, from_dict)
 
 
 def load_store(ipam: Mapping[str, Any], candidates: tuple[str, ...] = FLAT_FILES) -> StoreConfig:
     """The store part of `load` (the operator CLI and the reconciler: no range needed)."""
+    return _merged(ipam, candidates, store_config)
+
+
+def _merged[T](
+    ipam: Mapping[str, Any], candidates: tuple[str, ...], parse: Callable[[dict[str, Any]], T]
+) -> T:
     flat_path, flat = read_flat_file(ipam, candidates)
     try:
-        return store_config(merge(ipam, flat))
+        return parse(merge(ipam, flat))
     except ConfigError as e:
         raise _located(e, ipam, candidates, flat_path) from None
 
