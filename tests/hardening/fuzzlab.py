@@ -22,11 +22,11 @@ from cni import jsonio, log, netns, skel
 from cni.netlink import links
 from cni.netlink.socket import opened
 from ipam.store.base import Store
-from ipam.store.memory import Backend, MemoryStore
 from tests import launch
 from tests.concurrency.stores import Target
 from tests.devlab import VF_PCIS, Lab
 from tests.fakevf import FakeVf
+from tests.memstore import Backend, MemoryStore
 from tests.nsutil import REPO, Topology
 
 SECRET = "PYCNI-SECRET-fuzz-7f3a"  # never valid anywhere; the log grep looks for the prefix

@@ -32,7 +32,7 @@ from ipam.reconciler import Reconciler
 from ipam.retry import Again, Retry, retrying
 from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
 from ipam.store.local import LocalStore
-from ipam.store.memory import Backend, MemoryStore
+from tests.memstore import Backend, MemoryStore
 from tests.nsutil import REPO
 from tests.unit.ipam.test_engine import Clock, Flaky, addrs, make
 from tests.unit.test_import_cost import modules
