@@ -19,7 +19,7 @@ from pathlib import Path
 
 from cni.agent.client import SOCKET_ENV
 from tests import agentutil
-from tests.nsutil import REPO
+from tests.logtee import PYTHONPATH
 
 ENTER = 'mount --bind "$1" /var/lib && shift && exec "$@"'
 
@@ -63,7 +63,7 @@ class Node:
         with open(log, "ab") as fh:
             agent.proc = subprocess.Popen(
                 self.command(*agentutil.command(), "--socket", str(sock), *agent.args), stdout=fh, stderr=fh,
-                env={**os.environ, "PYTHONPATH": str(REPO)}, cwd="/")
+                env={**os.environ, "PYTHONPATH": PYTHONPATH}, cwd="/")
         deadline = time.monotonic() + agentutil.START_TIMEOUT
         while not agentutil.connectable(sock):
             if agent.proc.poll() is not None:

@@ -26,6 +26,7 @@ from tests import launch
 from tests.concurrency.stores import Target
 from tests.devlab import VF_PCIS, Lab
 from tests.fakevf import FakeVf
+from tests.logtee import PYTHONPATH
 from tests.memstore import Backend, MemoryStore
 from tests.nsutil import REPO, Topology
 
@@ -248,7 +249,7 @@ def run_process(lab: FuzzLab, plugin: str, env: Mapping[str, str], stdin: bytes,
 
     full = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
     full.update(env)
-    full["PYTHONPATH"] = str(REPO)
+    full["PYTHONPATH"] = PYTHONPATH
     cmd = launch.command(plugin, faults, lab.lab.fake_pf)
     if plugin != "whereabouts":
         cmd = ["ip", "netns", "exec", lab.topo.host, *cmd]

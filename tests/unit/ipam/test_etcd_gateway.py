@@ -14,6 +14,7 @@ import pytest
 
 from cni.errors import Code, ConfigError
 from ipam.store.etcdgw import Endpoint, TokenCache, parse_endpoints, prefix_end
+from tests.logtee import PYTHONPATH
 from tests.nsutil import REPO
 
 
@@ -92,7 +93,7 @@ def test_importing_the_store_is_cheap() -> None:
         [sys.executable, "-X", "importtime", "-c", "import ipam.store.etcd"],
         capture_output=True,
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
         check=True,
     )
     mods = [line.rsplit("|", 1)[1].strip() for line in p.stderr.decode().splitlines() if "|" in line]
