@@ -173,7 +173,7 @@ def mnode(topo: Topology, tenant: kubeup.Tenant, tmp_path: Path) -> Iterator[Mul
     mn = MultusNode(lab, tenant, tmp_path, bundle_driver.plugin_dir(tmp_path))
     forwarder = kubeup.Forwarder(tenant.server, topo.host)  # Multus and the IPAM run in topo.host
     try:
-        with mn.node.agent() as agent:
+        with mn.node.agent(lab.env()) as agent:  # the lab's sysfs root: the agent's process environment
             yield mn
     finally:
         forwarder.close()

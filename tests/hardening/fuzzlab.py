@@ -147,6 +147,8 @@ class FuzzLab:
             mp.setattr("cni.device.conf.DEFAULT_DIR", str(self.default_state))
             if self.store == "memory":
                 mp.setattr("ipam.store.select.open_store", lambda conf: MemoryStore(self.backend))
+            # the sysfs root is the process's (cni.sriov.sysfs), as in the lab's plugin processes
+            mp.setenv("PYCNI_SYSFS_ROOT", str(self.lab.sysfs))
             # the recording VF seam, installed as tests/launch.py installs it in a plugin process
             fake_pf = str(self.lab.fake_pf)
             mp.setattr("cni.sriov.vf.factory", lambda: FakeVf(fake_pf))
