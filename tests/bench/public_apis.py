@@ -5,7 +5,8 @@ vs orjson). A script, not a test: it prints numbers and asserts nothing.
 
 Each DIST is a `make bundle` output directory (holding cni-bin/). Round-robin over the bundles (one run
 of each per round, so a change in the shared machine's load hits all alike), a new process per call,
-`PYCNI_AGENT=off` (the plugin path without the node agent), medians (p90 in brackets):
+`PYCNI_AGENT=off` (the plugin path without the node agent), medians (p90 in brackets) of the wall time
+and of the CPU time the call's processes used (steadier than wall time on a loaded machine):
 - whereabouts ADD then DEL on the local store (the IPAM alone, as a runtime would exec it);
 - macvlan ADD then DEL with whereabouts on the local store, in-process (root: namespaces);
 - with --etcd: whereabouts ADD then DEL on an etcd store over TLS with a client certificate (a real
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -69,21 +71,32 @@ def cycle(cmd: list[str], conf: dict[str, Any], path: str,
     return one
 
 
-def timed(fns: dict[str, Callable[[], None]], runs: int) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {name: [] for name in fns}
+def timed(fns: dict[str, Callable[[], None]], runs: int) -> dict[str, tuple[list[float], list[float]]]:
+    """Per candidate: wall times and CPU times (user + system of the processes it ran), in ms."""
+    out: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in fns}
     for fn in fns.values():
         fn()  # page cache warm
     for _ in range(runs):
         for name, fn in fns.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.perf_counter()
             fn()
-            out[name].append((time.perf_counter() - t) * 1000)
+            out[name][0].append((time.perf_counter() - t) * 1000)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+            out[name][1].append(cpu * 1000)
     return out
 
 
 def fmt(xs: list[float]) -> str:
     s = sorted(xs)
     return f"{statistics.median(s):7.1f} ms [{s[int(len(s) * 0.9) - 1]:6.1f}]"
+
+
+def report(title: str, fns: dict[str, Callable[[], None]], runs: int) -> None:
+    print(f"\n{title} ({runs} rounds; median [p90] of wall time, then of CPU time):")
+    for name, (wall, cpu) in timed(fns, runs).items():
+        print(f"  {name:20s} wall {fmt(wall)}   cpu {fmt(cpu)}")
 
 
 def profile(cmd: list[str], conf: dict[str, Any], path: str, runs: int) -> dict[str, float]:
@@ -156,13 +169,9 @@ def run(dists: dict[str, Path], tmp: Path, args: argparse.Namespace, etcd: etcdu
                 if any(values):
                     print(f"  {module:16s}" + "".join(f"{v:14.1f}" for v in values))
         return 0
-    print(f"\nwhereabouts ADD+DEL, local store ({args.n} rounds, median [p90]):")
-    for name, xs in timed(wb, args.n).items():
-        print(f"  {name:20s} {fmt(xs)}")
+    report("whereabouts ADD+DEL, local store", wb, args.n)
     if tls:
-        print(f"\nwhereabouts ADD+DEL, etcd over TLS ({args.n} rounds, median [p90]):")
-        for name, xs in timed(tls, args.n).items():
-            print(f"  {name:20s} {fmt(xs)}")
+        report("whereabouts ADD+DEL, etcd over TLS", tls, args.n)
     topo = Topology()
     try:
         mv: dict[str, Callable[[], None]] = {}
@@ -171,9 +180,7 @@ def run(dists: dict[str, Path], tmp: Path, args: argparse.Namespace, etcd: etcdu
             pod = topo.pod(f"q{i}")
             conf = {**base, "master": master, "ipam": local_ipam(tmp / f"{name}-mv")}
             mv[name] = cycle(["ip", "netns", "exec", topo.host, str(d / "macvlan")], conf, str(d), pod)
-        print(f"\nmacvlan ADD+DEL, whereabouts local store in-process ({args.n} rounds, median [p90]):")
-        for name, xs in timed(mv, args.n).items():
-            print(f"  {name:20s} {fmt(xs)}")
+        report("macvlan ADD+DEL, whereabouts local store in-process", mv, args.n)
     finally:
         topo.close()
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
