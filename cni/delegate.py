@@ -100,8 +100,8 @@ def run(binary: str, stdin: bytes, env: dict[str, str]) -> tuple[int, bytes, byt
     subprocess (it imports signal, selectors, threading and locale on every call): posix_spawn
     (vfork-fast, thread-safe in the agent, inherits the calling thread's netns and cwd) and a poll loop.
     Returns (exit code, stdout, stderr); OSError when the binary cannot be executed."""
-    import _signal  # type: ignore[import-not-found]  # (signal itself builds enums on import)
     import select
+    import signal
 
     fds = [*os.pipe(), *os.pipe(), *os.pipe()]  # stdin r/w, stdout r/w, stderr r/w
     if min(fds) < 3:  # our own stdio was closed: dup2 onto it could clobber another pipe end
@@ -117,7 +117,7 @@ def run(binary: str, stdin: bytes, env: dict[str, str]) -> tuple[int, bytes, byt
         actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(child)]
         # as subprocess's restore_signals: Python ignores SIGPIPE and SIGXFSZ, an exec'd Go plugin must not
         pid = os.posix_spawn(binary, [binary], env, file_actions=actions,
-                             setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
+                             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -128,7 +128,7 @@ def run(binary: str, stdin: bytes, env: dict[str, str]) -> tuple[int, bytes, byt
         out, err = _pump(select, mine, stdin)
     except BaseException:  # as subprocess.run: the child does not outlive a failed call
         with contextlib.suppress(OSError):
-            os.kill(pid, _signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         raise
     finally:
         for fd in mine:

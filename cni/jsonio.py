@@ -1,20 +1,14 @@
-"""The one place JSON is read and written (the standard library's json, C accelerated).
+"""The one place JSON is read and written: the standard library's json (its C scanner and encoder for
+these settings), the only importer of json (an import-linter contract).
 
-Not orjson: importing orjson imports dataclasses (and with it inspect, ast, dis, tokenize), uuid,
-datetime and json itself on every frozen plugin call, to parse a few hundred bytes of config.
-What orjson gave for free is kept here: NaN and Infinity are refused, and so is anything that is not
-valid UTF-8; output is compact UTF-8 (or 2-space indented).
-
-The common case runs json's own C scanner and encoder (`_json`, what json.JSONDecoder and
-json.JSONEncoder run for these settings) without importing the json package: json.decoder compiles
-regular expressions at import, and `re` with json add to every plugin call's imports (figures:
-docs/benchmarks.md). Whatever the C path does not accept (malformed input, a constant,
-indented output, a lone surrogate) goes to json itself, imported then, so every answer and every error
-message is exactly json's (tests/unit/test_jsonio.py compares them)."""
+What a CNI plugin must hold to, beyond json's defaults: NaN and Infinity are refused, and so is anything
+that is not valid UTF-8 (bytes that do not decode, a lone surrogate escape); output is compact UTF-8
+(or 2-space indented). Not orjson: measured frozen on the plugin path, it cost more than json
+(docs/benchmarks-public-apis.md)."""
 
 from __future__ import annotations
 
-import _json
+import json
 
 from cni.errors import DecodeError
 
@@ -22,7 +16,6 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost e
 if TYPE_CHECKING:
     from typing import Any
 
-WHITESPACE = " \t\n\r"  # json.decoder.WHITESPACE's characters
 HEX_8_TO_F = frozenset("89abcdefABCDEF")
 
 
@@ -30,46 +23,9 @@ def _refuse(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-class _Settings:
-    """What json.JSONDecoder(parse_constant=_refuse) hands its C scanner (c_make_scanner reads these)."""
-
-    strict = True
-    object_hook = object_pairs_hook = None
-    parse_float, parse_int = float, int
-    parse_constant = staticmethod(_refuse)
-
-
-def _not_serializable(o: Any) -> Any:
-    """json.JSONEncoder.default."""
-    raise TypeError(f"Object of type {o.__class__.__name__} is not JSON serializable")
-
-
-_SCAN = _json.make_scanner(_Settings())  # type: ignore[arg-type]  # (typeshed: a scanner context)
-
-
-def _compact(obj: Any) -> str:
-    """json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode(obj): the
-    C encoder it runs, with its own circular-reference markers (a fresh dict per call, as json's)."""
-    if isinstance(obj, str):
-        return _json.encode_basestring(obj)
-    encode = _json.make_encoder(
-        {}, _not_serializable, _json.encode_basestring, None, ":", ",", False, False, False
-    )  # markers, default, encoder, indent, key_separator, item_separator, sort_keys, skipkeys, allow_nan
-    return "".join(encode(obj, 0))
-
-
-def _decode(text: str) -> Any:
-    """json.JSONDecoder(parse_constant=_refuse).decode(text)."""
-    start = len(text) - len(text.lstrip(WHITESPACE))
-    try:
-        obj, end = _SCAN(text, start)
-    except StopIteration:  # no value at `start`: json's own error message
-        obj, end = None, -1
-    if end < 0 or text[end:].strip(WHITESPACE):
-        import json  # the error path (or extra data): json raises its own JSONDecodeError
-
-        return json.JSONDecoder(parse_constant=_refuse).decode(text)
-    return obj
+_DECODER = json.JSONDecoder(parse_constant=_refuse)
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_INDENTED = json.JSONEncoder(ensure_ascii=False, indent=2, allow_nan=False)
 
 
 def _surrogate_escape(text: str) -> bool:
@@ -85,7 +41,7 @@ def _surrogate_escape(text: str) -> bool:
 def loads(data: bytes | str, what: str = "stdin") -> Any:
     try:
         text = data.decode("utf-8") if isinstance(data, bytes | bytearray | memoryview) else data
-        obj = _decode(text)
+        obj = _DECODER.decode(text)
         if _surrogate_escape(text):
             _no_lone_surrogates(obj)  # "\ud800" escapes decode to str that is no Unicode text
         return obj
@@ -107,13 +63,7 @@ def _no_lone_surrogates(obj: Any) -> None:
 
 def dumps(obj: Any, indent: bool = False) -> bytes:
     try:
-        if indent:
-            import json  # indented output is for people (tools, logs): json's Python encoder
-
-            return json.JSONEncoder(ensure_ascii=False, indent=2, allow_nan=False).encode(obj).encode("utf-8")
-        return _compact(obj).encode("utf-8")
+        return (_INDENTED if indent else _COMPACT).encode(obj).encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate in a str we were given: escape it, stay valid JSON
-        import json
-
         return json.dumps(obj, indent=2 if indent else None, separators=None if indent else (",", ":"),
                           allow_nan=False).encode()

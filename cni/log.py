@@ -43,23 +43,14 @@ _STATE: ContextVar[_Settings] = ContextVar("pycni_log", default=_Settings())  # 
 
 
 class _Tee:
-    fd: int | None = -1  # PYCNI_TEST_LOG's fd; -1: not looked up yet (process-wide, tests only)
+    fds: tuple[int, ...] = ()  # process-wide: every line at every level also goes here (`tee`)
 
 
-TEST_LOG = "PYCNI_TEST_LOG"  # tests only: every line, at every level, also appended to this file
-
-
-def _tee() -> int | None:
-    """The test suite's collector of every log line (so it can grep them all for secrets); unset
-    outside tests, then this costs one environment lookup per process."""
-    if _Tee.fd == -1:
-        path = os.environ.get(TEST_LOG)
-        _Tee.fd = None
-        if path:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-            with contextlib.suppress(OSError):
-                _Tee.fd = os.open(path, flags, 0o600)
-    return _Tee.fd
+def tee(fd: int) -> None:
+    """Also write every line of this process, at every level and from every context, to `fd`. A seam
+    set only from inside a process, as cni.faults.hook: the product never calls it (the test suite's
+    log collector does: tests/logtee.py)."""
+    _Tee.fds = (*_Tee.fds, fd)
 
 
 def configure(level: str | None = None, file: str | None = None, tag: str | None = None) -> None:
@@ -120,8 +111,8 @@ def raw(data: bytes) -> None:
 
 def _emit(level: int, name: str, msg: str, args: tuple[Any, ...]) -> None:
     st = _STATE.get()
-    tee = _tee()
-    if level < st.level and tee is None:
+    tees = _Tee.fds
+    if level < st.level and not tees:
         return
     try:
         text = msg % args if args else msg
@@ -132,9 +123,9 @@ def _emit(level: int, name: str, msg: str, args: tuple[Any, ...]) -> None:
     for fd in st.fds if level >= st.level else ():
         with contextlib.suppress(OSError):
             os.write(fd, line)
-    if tee is not None:
+    for fd in tees:
         with contextlib.suppress(OSError):
-            os.write(tee, line)
+            os.write(fd, line)
 
 
 def debug(msg: str, *args: Any) -> None:

@@ -7,25 +7,23 @@ small reader; http.client would add the email package's parser to every plugin c
 - Timeouts: `connect` bounds the TCP connect, `read` the TLS handshake and every read of an answer.
 - A kept-alive connection the server closed meanwhile is reopened once, and only when it was reused:
   a request on a fresh connection is never sent twice by this layer (a write is never repeated).
-- TLS: the caller's context (ipam.tls.client_context, or an ssl.SSLContext); `server_name` overrides the
-  name checked and sent in SNI. Sockets and TLS are ipam.tls (`_socket` and `_ssl` directly).
+- TLS: the caller's context (ipam.tls.client_context); `server_name` overrides the name checked and
+  sent in SNI (by default the URL's host). Sockets and TLS are ipam.tls (the socket and ssl modules).
 - Proxy: an `http://` proxy tunnels (CONNECT) to an https server and forwards plain http.
 Errors are OSError (SlowAnswer: a timeout waiting for the answer; BadAnswer: not HTTP/1.x), the TLS
 ones (ssl.SSLError) included, for the caller to map."""
 
 from __future__ import annotations
 
-import _socket
 import ipaddress
+import socket
 
-from ipam.tls import Context, Socket, SSLCertVerificationError, SSLError, TlsSocket, client_context
+from ipam.tls import Context, Socket, SSLCertVerificationError, SSLError, client_context, wrap
 from ipam.tls import connect as tls_connect
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     from urllib.parse import SplitResult
-
-    Sock = Socket | TlsSocket
 
 MAX_LINE = 65536  # a status or header line, a chunk-size line
 MAX_HEADERS = 200
@@ -157,7 +155,7 @@ class Connection:
         host = f"[{self.host}]" if ":" in self.host else self.host
         default = 443 if self.scheme == "https" else 80
         self.authority = host if self.port == default else f"{host}:{self.port}"
-        self._sock: Sock | None = None
+        self._sock: Socket | None = None
         self._in: _Reader | None = None
 
     def close(self) -> None:
@@ -194,23 +192,23 @@ class Connection:
                 raise
         raise AssertionError("unreachable")
 
-    def _open(self) -> tuple[Sock, _Reader]:
+    def _open(self) -> tuple[Socket, _Reader]:
         if self._sock is not None and self._in is not None:
             return self._sock, self._in
         host, port = self.host, self.port
         if self.proxy is not None:
             host, port = self.proxy.hostname or "", self.proxy.port or 80
         raw = connect(host, port, self.connect_timeout)
-        sock: Sock = raw
+        sock = raw
         try:
-            raw.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # the TLS handshake and the proxy's answer are the server's work: the read bound
             raw.settimeout(self.read_timeout)
             if self.proxy is not None and self.scheme == "https":
                 _tunnel(raw, self.host, self.port)
             if self.scheme == "https":
                 assert self.tls is not None
-                sock = TlsSocket(self.tls, raw, encoded_host(self.server_name or self.host))
+                sock = wrap(self.tls, raw, encoded_host(self.server_name or self.host))
         except BaseException:
             raw.close()
             raise
@@ -226,7 +224,7 @@ def _message(method: str, target: str, authority: str, body: bytes | None, heade
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
 
 
-def _tunnel(sock: Sock, host: str, port: int) -> None:
+def _tunnel(sock: Socket, host: str, port: int) -> None:
     """CONNECT through an http proxy; nothing past the proxy's answer is read (the TLS server speaks
     only after our hello)."""
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -248,7 +246,7 @@ def _tunnel(sock: Sock, host: str, port: int) -> None:
 class _Reader:
     """Buffered reads from a (TLS) socket: lines and exact lengths."""
 
-    def __init__(self, sock: Sock) -> None:
+    def __init__(self, sock: Socket) -> None:
         self.sock, self.buf = sock, bytearray()  # grows in place: a large pool arrives in many reads
 
     def _fill(self) -> bool:

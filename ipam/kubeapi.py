@@ -26,7 +26,7 @@ from cni import jsonio
 from cni.errors import ConfigError
 from cni.types.valueclass import field, valueclass
 from ipam.httpconn import Connection, SlowAnswer, describe, quote, urlencode
-from ipam.tls import CERT_NONE, Context, client_context
+from ipam.tls import Context, client_context, skip_verify
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
@@ -167,9 +167,8 @@ def tls_context(conf: KubeConfig, client_cert: str | None, client_key: str | Non
         ctx = client_context(cafile=conf.ca_file or None, cadata=conf.ca_data or None)
     except OSError as e:  # ssl.SSLError included
         raise ConfigError(f"{FIELD}: {conf.path}: certificate-authority: {describe(e)}") from None
-    if conf.insecure:
-        ctx.check_hostname = False
-        ctx.verify_mode = CERT_NONE
+    if conf.insecure:  # the kubeconfig asks for it: honoured, and logged (ipam.tls.skip_verify)
+        skip_verify(ctx, f"{conf.path}: insecure-skip-tls-verify")
     if client_cert or client_key:
         try:
             ctx.load_cert_chain(client_cert or "", client_key)

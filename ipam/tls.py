@@ -1,102 +1,53 @@
-"""Sockets and TLS for the cluster stores' HTTP layer (ipam.httpconn), on the interpreter's own `_socket`
-and `_ssl` modules: what `socket.create_connection`, `ssl.create_default_context` and
-`SSLContext.wrap_socket` do for a client, without the Python modules around them.
+"""TCP and TLS for the cluster stores' HTTP layer (ipam.httpconn), on the public `socket` and `ssl`
+modules; the one module of ours that imports `ssl` (an import-linter contract).
 
-Why: `ssl` and `socket` (with `selectors`, `enum`, `array`) add to the imports of every plugin call on
-a cluster store (figures: docs/benchmarks.md); `_ssl` (OpenSSL itself) is all
-that is needed. The TLS checks are OpenSSL's, configured by `_ssl` in C exactly as `ssl` configures them:
-`client_context` is `ssl.create_default_context()` (PROTOCOL_TLS_CLIENT: the server's certificate
-required and its name checked, TLS 1.2 or later, the same options, flags and ciphers;
-tests/unit/ipam/test_tls.py compares every setting with the ssl module's), and `TlsSocket` does the
-handshake before any byte of a request is sent, as `wrap_socket` does by default. Errors are the ssl
-module's own classes (`ssl.SSLError is _ssl.SSLError`): callers and tests may still catch those.
-Not taken over from `ssl`: the `SSLKEYLOGFILE` variable (a debugging aid that writes session keys to a
-file)."""
+- `client_context` is `ssl.create_default_context()`: the server's certificate required and checked
+  against the given CAs (the system's without any), its name checked, TLS 1.2 or later, whatever else
+  the interpreter's default context sets (fixes made in ssl.py are inherited).
+- `skip_verify` turns the checks off, for a kubeconfig's `insecure-skip-tls-verify: true`: an explicit
+  choice of the caller, logged as a warning each time a context is made with it.
+- `wrap` does the handshake (`SSLContext.wrap_socket`) and requires the server's name: the name
+  checked against the certificate and sent in SNI. A missing one is refused (ValueError), never
+  silently replaced by no check.
+Errors are the ssl module's own classes (re-exported here for the callers, which import no ssl)."""
 
 from __future__ import annotations
 
-import _socket
-import _ssl
+import socket
+import ssl
 
-SSLError = _ssl.SSLError
-SSLCertVerificationError = _ssl.SSLCertVerificationError
-CERT_NONE = _ssl.CERT_NONE
-SOCK_STREAM = _socket.SOCK_STREAM
-Context = _ssl._SSLContext  # ssl.SSLContext is a subclass: either is accepted wherever a Context is
+from cni import log
 
-
-class Socket(_socket.socket):
-    """A plain TCP socket (`_socket.socket` takes no weak reference, which `_ssl` keeps of it)."""
-
-    __slots__ = ("__weakref__",)
+SSLError = ssl.SSLError
+SSLCertVerificationError = ssl.SSLCertVerificationError
+Context = ssl.SSLContext
+Socket = socket.socket
 
 
 def client_context(cafile: str | None = None, cadata: str | None = None) -> Context:
-    """`ssl.create_default_context(cafile=cafile, cadata=cadata)`: the server's certificate checked
-    against these CAs (the system's without any) and its name against the one asked for."""
-    ctx = _ssl._SSLContext(_ssl.PROTOCOL_TLS_CLIENT)  # C sets CERT_REQUIRED, check_hostname, TLS >= 1.2
-    if cafile or cadata:
-        ctx.load_verify_locations(cafile, None, cadata)
-    else:
-        ctx.set_default_verify_paths()  # ssl's load_default_certs() on Linux
-    return ctx
+    """`ssl.create_default_context(cafile=cafile, cadata=cadata)`. OSError (ssl.SSLError included)
+    when the CAs cannot be loaded."""
+    return ssl.create_default_context(cafile=cafile, cadata=cadata)
+
+
+def skip_verify(ctx: Context, setting: str) -> None:
+    """Check neither the server's certificate nor its name (`setting`: what asked for it, logged)."""
+    log.warning("%s: the server's TLS certificate and name are NOT checked", setting)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
 
 
 def connect(host: str | bytes, port: int, timeout: float) -> Socket:
-    """socket.create_connection((host, port), timeout): each address in turn, the last one's error if
-    none connects. `host` as getaddrinfo takes it (bytes: a name already encoded)."""
-    error: OSError | None = None
-    for family, kind, proto, _, address in _socket.getaddrinfo(host, port, 0, SOCK_STREAM):
-        sock = None
-        try:
-            sock = Socket(family, kind, proto)
-            sock.settimeout(timeout)
-            sock.connect(address)
-            return sock
-        except OSError as e:
-            error = e
-            if sock is not None:
-                sock.close()
-    raise error if error is not None else OSError("getaddrinfo returns an empty list")
+    """`socket.create_connection((host, port), timeout)`. `host` as getaddrinfo takes it (bytes: a name
+    already encoded)."""
+    return socket.create_connection((host, port), timeout)  # type: ignore[arg-type]  # bytes: getaddrinfo's
 
 
-def server_hostname(host: str | bytes) -> str:
-    """The name to check and send in SNI, as ssl's `_encode_hostname` makes it."""
-    if isinstance(host, bytes):
-        return host.decode("ascii")
-    return host if host.isascii() else host.encode("idna").decode("ascii")
-
-
-class TlsSocket:
-    """A connected socket after a completed TLS handshake: the calls ipam.httpconn makes of a socket."""
-
-    __slots__ = ("_tls", "sock")
-
-    def __init__(self, ctx: Context, sock: Socket, host: str | bytes) -> None:
-        self.sock = sock  # kept: _ssl holds only a weak reference to it
-        self._tls = ctx._wrap_socket(sock, False, server_hostname(host))  # type: ignore[attr-defined]
-        self._tls.do_handshake()  # bounded by the socket's timeout (C waits on it)
-
-    def sendall(self, data: bytes) -> None:
-        view, sent = memoryview(data), 0
-        while sent < len(view):
-            sent += self._tls.write(view[sent:])
-
-    def recv(self, size: int) -> bytes:
-        try:
-            data: bytes = self._tls.read(size)
-            return data
-        except _ssl.SSLEOFError:  # the peer closed without close_notify: an end, as ssl's ragged EOFs
-            return b""
-
-    def settimeout(self, timeout: float | None) -> None:
-        self.sock.settimeout(timeout)
-
-    def setsockopt(self, level: int, option: int, value: int) -> None:
-        self.sock.setsockopt(level, option, value)
-
-    def shutdown(self, how: int) -> None:
-        self.sock.shutdown(how)
-
-    def close(self) -> None:
-        self.sock.close()
+def wrap(ctx: Context, sock: Socket, server_hostname: str | bytes) -> Socket:
+    """The TLS handshake on connected `sock` (bounded by its timeout), as `server_hostname`: checked
+    against the certificate (unless the context skips it) and sent in SNI (a name, not an address).
+    Refuses an empty name. On a failed handshake `sock` is closed."""
+    if not server_hostname:
+        sock.close()
+        raise ValueError("TLS: no server hostname (the name the certificate is checked against)")
+    return ctx.wrap_socket(sock, server_hostname=server_hostname)

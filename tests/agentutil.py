@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cni.agent import proto
-from tests.nsutil import REPO
+from tests.logtee import PYTHONPATH
 
 START_TIMEOUT = 60.0  # importing the plugins and the IPAM on a loaded 2-core machine
 RUNNING: set[Agent] = set()  # agents this process started and has not stopped (settled() waits on them)
@@ -63,7 +63,7 @@ class Agent:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Agent:
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "PYTHONPATH": PYTHONPATH}
         with open(self.log, "ab") as fh:
             self.proc = subprocess.Popen([*command(), "--socket", str(self.sock), *self.args],
                                          stdout=fh, stderr=fh, env=env, cwd="/")

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from cni.agent.client import SOCKET_ENV
-from tests import agentutil, kubeup, nsutil
+from tests import agentutil, kubeup, logtee, nsutil
 from tests.kubeapi import record
 
 # Property tests everywhere: the same cases on every run (a failure reproduces), and no per-example
@@ -127,10 +127,14 @@ SECRET_MARK = "PYCNI-SECRET-"  # every secret a test uses (token, etcd password)
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_secrets_in_logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Every line pycni logs during the session, in this process and in every plugin process it
-    starts (they inherit PYCNI_TEST_LOG, see cni/log.py), at every level, is grepped for secrets."""
+    """Every line pycni logs during the session, in this process and in every process it starts from
+    source (they inherit PYCNI_TEST_LOG and PYTHONPATH: tests/logtee.py), at every level, is grepped
+    for secrets."""
     collected = tmp_path_factory.mktemp("logs") / "all.log"
-    os.environ["PYCNI_TEST_LOG"] = str(collected)
+    os.environ[logtee.ENV] = str(collected)
+    inherited = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = logtee.PYTHONPATH + (os.pathsep + inherited if inherited else "")
+    logtee.install(str(collected))
     yield
     lines = collected.read_bytes().decode(errors="replace").splitlines() if collected.exists() else []
     leaked = [line for line in lines if SECRET_MARK in line]

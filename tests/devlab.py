@@ -93,8 +93,11 @@ class Lab:
     def run(self, plugin: str, command: str, conf: dict[str, Any], *, fake: bool = True, faults: str = "",
             env: dict[str, str] | None = None, **kw: Any) -> Call:
         """A plugin process; sriov with the recording VF seam unless `fake` is off, `faults` injected
-        (both through tests/launch.py, from source: see nsutil.plugin_command)."""
-        return self.topo.run(plugin, command, conf, env={**self.env(), **(env or {})},
+        (both through tests/launch.py, from source: see nsutil.plugin_command). Never through a shared
+        agent (PYCNI_TEST_AGENT=1): the lab's sysfs root is a process setting (cni.sriov.sysfs), which
+        an agent started without it does not have (tests/e2e/test_multus.py runs host-device through
+        an agent started with the lab's root)."""
+        return self.topo.run(plugin, command, conf, env={**self.env(), "PYCNI_AGENT": "off", **(env or {})},
                              path=f"{self.bin}:/usr/lib/cni", seams=self.seams(plugin, fake, faults), **kw)
 
     # ---- observing ----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.nsutil import REPO
+from tests.logtee import PYTHONPATH
 
 
 def write_wrappers(directory: Path, plugins: dict[str, str] | None = None) -> Path:
@@ -21,7 +21,7 @@ def write_wrappers(directory: Path, plugins: dict[str, str] | None = None) -> Pa
     for name, plugin in (plugins or {"whereabouts": "whereabouts"}).items():
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
         with os.fdopen(fd, "w") as fh:
-            fh.write(f'#!/bin/sh\nPYTHONPATH="{REPO}" exec "{sys.executable}" -m cni {plugin}\n')
+            fh.write(f'#!/bin/sh\nPYTHONPATH="{PYTHONPATH}" exec "{sys.executable}" -m cni {plugin}\n')
         os.chmod(tmp, 0o755)
         os.replace(tmp, directory / name)
     return directory

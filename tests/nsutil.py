@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cni import jsonio
+from tests.logtee import PYTHONPATH
 
 RUN = os.environ.get("PYCNI_TEST_RUN") or "pt" + secrets.token_hex(2)
 REPO = Path(__file__).resolve().parent.parent
@@ -100,7 +101,7 @@ class Topology:
         """Run `plugin` inside the host namespace, as a runtime would (`seams`: see plugin_command)."""
         full = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
         full.update(CNI_COMMAND=command, CNI_CONTAINERID=container_id, CNI_NETNS=netns,
-                    CNI_IFNAME=ifname, CNI_PATH=path, CNI_ARGS=cni_args, PYTHONPATH=str(REPO))
+                    CNI_IFNAME=ifname, CNI_PATH=path, CNI_ARGS=cni_args, PYTHONPATH=PYTHONPATH)
         full.update(env or {})
         data = conf if isinstance(conf, bytes) else jsonio.dumps(dict(conf))
         cmd = ["ip", "netns", "exec", self.host, *plugin_command(plugin, seams)]

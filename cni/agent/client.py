@@ -12,8 +12,8 @@ Settings (environment): PYCNI_AGENT=off disables the agent; PYCNI_AGENT_SOCKET n
 
 from __future__ import annotations
 
-import _socket as socket  # see cni.agent.proto
 import os
+import socket
 
 from cni.agent import proto
 

@@ -20,11 +20,10 @@ running it a second time (cni.agent.client)."""
 
 from __future__ import annotations
 
-# _socket, not socket: socket.py imports selectors and builds its enums at import (on the shim path of
-# every call); the C module has everything used here. struct, not array, for descriptor lists: array
-# registers with collections.abc, which imports collections.
-import _socket as socket
+# struct, not array, for descriptor lists: array registers with collections.abc, which imports
+# collections (on the shim path of every call).
 import os
+import socket
 import struct
 
 VERSION = b"1"

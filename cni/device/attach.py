@@ -97,7 +97,7 @@ def _recover_leftovers(recs: Records, req: Request, target: Target) -> str | Non
     if own is not None:
         log.warning("ADD %s/%s: a record of this attachment exists (state %s); restoring it first",
                     req.container_id, req.ifname, own.state)
-        name = detach(recs, own, "", hooks_for(own.plugin, req.env))
+        name = detach(recs, own, "", hooks_for(own.plugin))
         home = name if own.key == target.key else None
         recs.remove(own)
     owner = recs.owner(target.key)
@@ -114,7 +114,7 @@ def _recover_leftovers(recs: Records, req: Request, target: Target) -> str | Non
     if held is None:
         recs.dir.remove("owners", target.key)
         return home
-    home = detach(recs, held, "", hooks_for(held.plugin, req.env))
+    home = detach(recs, held, "", hooks_for(held.plugin))
     recs.remove(held)
     return home
 
@@ -162,7 +162,7 @@ def check(req: Request, conf: DeviceConf) -> None:
         owner = recs.owner(att.key)
         if owner is None or not same_attachment(owner, att):
             raise CheckError(f"{req.ifname}: device {att.key} is no longer owned by this attachment")
-        hooks = hooks_for(att.plugin, req.env)
+        hooks = hooks_for(att.plugin)
         if hooks is not None:
             hooks.check(att)
         if att.netdev is None:

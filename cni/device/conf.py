@@ -4,7 +4,6 @@ for, and the hooks SR-IOV adds for the PF-side VF settings."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -59,12 +58,12 @@ class Hooks(Protocol):
     def check(self, att: Attachment) -> None: ...
 
 
-def hooks_for(plugin: str, env: Mapping[str, str]) -> Hooks | None:
+def hooks_for(plugin: str) -> Hooks | None:
     """Hooks that work from a record alone (DEL, GC, CHECK, recovering a stale owner)."""
     if plugin == "sriov":
         from cni.sriov import sysfs
         from cni.sriov.settings import VfHooks
         from cni.sriov.vf import control
 
-        return VfHooks(control(), fs=sysfs.open_sysfs(env))
+        return VfHooks(control(), fs=sysfs.open_sysfs())
     return None

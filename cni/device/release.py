@@ -29,7 +29,7 @@ def delete(req: Request, conf: DeviceConf) -> None:
             with recs.lock(att.key, att.key):
                 att = recs.load(req.container_id, req.ifname)
                 if att is not None:
-                    detach(recs, att, req.netns, hooks_for(att.plugin, req.env))
+                    detach(recs, att, req.netns, hooks_for(att.plugin))
         except CniError as e:  # the record stays: the next DEL tries again
             failure, att = e, None
     if conf.ipam is not None:
@@ -110,7 +110,7 @@ def gc(req: Request, plugin: str, conf: DeviceConf) -> None:
             with recs.lock(att.key, att.key):
                 current = recs.load(att.container_id, att.ifname)  # as it is now, under the lock
                 if current is not None:
-                    detach(recs, current, "", hooks_for(current.plugin, req.env))
+                    detach(recs, current, "", hooks_for(current.plugin))
                     recs.remove(current)
             log.info("GC: %s/%s released %s", att.container_id, att.ifname, att.key)
         except CniError as e:

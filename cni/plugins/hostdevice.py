@@ -80,7 +80,7 @@ def _by_id(field: str, value: str, fs: sysfs.Sysfs) -> Target:
 
 
 def target(req: Request) -> Target:
-    fs = sysfs.open_sysfs(req.env)
+    fs = sysfs.open_sysfs()
     field, value = selector(req)
     if field == "device":
         problem = skel.ifname_problem(value)

@@ -133,7 +133,7 @@ def resolve(conf: SriovConf, fs: sysfs.Sysfs) -> Vf:
 def add(req: Request) -> Result:
     common.setup_logging(req.conf, "sriov")
     conf = SriovConf.from_request(req)
-    fs = sysfs.open_sysfs(req.env)
+    fs = sysfs.open_sysfs()
     vf = resolve(conf, fs)
     target = Target(key=f"pci-{vf.pci}", what=f"VF {vf.pci}", pci=vf.pci, netdev=vf.netdev,
                     driver=vf.driver)
@@ -154,7 +154,7 @@ def check(req: Request) -> None:
 
 def status(req: Request) -> None:
     """Not available (50) without a PCI tree under the sysfs root or a usable state dir."""
-    fs = sysfs.open_sysfs(req.env)
+    fs = sysfs.open_sysfs()
     if not fs.pci_exists(""):
         raise NotAvailableError(f"no PCI device tree at {fs.pci('')} (sysfs root {fs.top})")
     attach.status(req, DeviceConf.from_request(req))

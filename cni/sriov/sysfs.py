@@ -1,5 +1,6 @@
 """PCI and SR-IOV facts from sysfs, read with the real kernel layout under a root that defaults to
-/sys and comes from PYCNI_SYSFS_ROOT, so tests and users can point it at a copy of a node's tree.
+/sys and comes from PYCNI_SYSFS_ROOT in the process environment (the plugin's, or the agent's: never a
+request's), so tests and users can point it at a copy of a node's tree.
 
   <root>/bus/pci/devices/<pci>            -> ../../../devices/pci0000:00/<pci>
   <root>/bus/pci/devices/<vf>/physfn      -> ../<pf>                  (a VF)
@@ -14,16 +15,15 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
 
 ENV = "PYCNI_SYSFS_ROOT"
 USERSPACE_DRIVERS = ("vfio-pci", "uio_pci_generic", "igb_uio")
 PCI_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
-def root(env: Mapping[str, str] | None = None) -> str:
-    env = os.environ if env is None else env
-    return env.get(ENV) or "/sys"
+def root() -> str:
+    """The sysfs root of this process: not a CNI request's, which the agent carries from its caller."""
+    return os.environ.get(ENV) or "/sys"
 
 
 def normalize_pci(value: str) -> str | None:
@@ -114,5 +114,5 @@ class Sysfs:
         return self.path(kernelpath[len("/sys/") :])
 
 
-def open_sysfs(env: Mapping[str, str] | None = None) -> Sysfs:
-    return Sysfs(root(env))
+def open_sysfs() -> Sysfs:
+    return Sysfs(root())

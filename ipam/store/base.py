@@ -1,4 +1,5 @@
-"""The store protocol: what every IPAM store (local SQLite, Kubernetes CRDs, etcd, memory) implements.
+"""The store protocol: what every IPAM store (local SQLite, Kubernetes CRDs, etcd; tests/memstore.py in
+tests) implements.
 
 The data model (`Pool`, `Allocation`, `Reservation`, `PoolUpdate`, `PoolView`) is ipam.model.
 

@@ -17,6 +17,7 @@ from cni import jsonio
 from ipam.config import load
 from ipam.store.base import Store
 from ipam.store.names import pool_name, reservation_name
+from tests.logtee import PYTHONPATH
 from tests.nsutil import REPO
 
 
@@ -46,7 +47,7 @@ def spawn_all(calls: Iterable[tuple[dict[str, str], dict[str, Any]]]) -> list[tu
     stdin/stdout/stderr are unnamed temp files, so no process waits on a pipe the parent reads later."""
     procs = []
     for env, conf in calls:
-        full = {**os.environ, **env, "PYTHONPATH": str(REPO)}
+        full = {**os.environ, **env, "PYTHONPATH": PYTHONPATH}
         stdin, stdout, stderr = (tempfile.TemporaryFile() for _ in range(3))  # noqa: SIM115
         stdin.write(jsonio.dumps(conf))
         stdin.seek(0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
-from ipam.store.memory import MemoryStore
 from tests.concurrency.harness import base_conf, check
+from tests.memstore import MemoryStore
 
 A = Allocation("ca", "ns/a", "net1", "", "netA")
 B = Allocation("cb", "ns/b", "net1", "", "netB")

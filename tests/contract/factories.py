@@ -26,17 +26,17 @@ class Factory(Protocol):
 
 class _Memory:
     def __init__(self) -> None:
-        from ipam.store.memory import Backend
+        from tests.memstore import Backend
 
         self.backend = Backend()
 
     def open(self) -> Store:
-        from ipam.store.memory import MemoryStore
+        from tests.memstore import MemoryStore
 
         return MemoryStore(self.backend)
 
     def unreachable(self) -> Store:
-        from ipam.store.memory import Backend, MemoryStore
+        from tests.memstore import Backend, MemoryStore
 
         return MemoryStore(Backend(down=True))
 

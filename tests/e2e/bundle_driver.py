@@ -14,6 +14,7 @@ import pytest
 
 from cni import jsonio
 from cni.registry import PLUGINS
+from tests.logtee import PYTHONPATH
 from tests.nsutil import REPO, Call, Topology
 
 DRIVER = REPO / ".venv" / "bin" / "cnidriver"
@@ -39,7 +40,7 @@ def plugin_dir(tmp: Path) -> Path:
     shims.mkdir(exist_ok=True)
     for name in PLUGINS:
         shim = shims / name
-        shim.write_text(f'#!/bin/sh\nPYTHONPATH="{REPO}" exec "{sys.executable}" -m cni {name}\n')
+        shim.write_text(f'#!/bin/sh\nPYTHONPATH="{PYTHONPATH}" exec "{sys.executable}" -m cni {name}\n')
         shim.chmod(0o755)
     return shims
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from cni.agent.client import SOCKET_ENV
 from tests import agentutil
-from tests.nsutil import REPO
+from tests.logtee import PYTHONPATH
 
 ENTER = 'mount --bind "$1" /var/lib && shift && exec "$@"'
 ENTER_CONF = 'mount --bind "$1" /var/lib && mount --bind "$2" /etc/cni/net.d && shift 2 && exec "$@"'
@@ -70,9 +70,10 @@ class Node:
         return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()) if d.is_dir() else []
 
     @contextmanager
-    def agent(self) -> Iterator[agentutil.Agent | None]:
+    def agent(self, env: Mapping[str, str] | None = None) -> Iterator[agentutil.Agent | None]:
         """With PYCNI_TEST_AGENT=1: this node's own agent for the block (its log tells what it served);
-        otherwise nothing (the shims run in-process)."""
+        otherwise nothing (the shims run in-process). `env`: more of the agent's process environment
+        (PYCNI_SYSFS_ROOT: the agent's own, never a request's)."""
         if not agentutil.agent_up():
             yield None
             return
@@ -81,7 +82,7 @@ class Node:
         with open(log, "ab") as fh:
             agent.proc = subprocess.Popen(
                 self.command(*agentutil.command(), "--socket", str(sock), *agent.args), stdout=fh, stderr=fh,
-                env={**os.environ, "PYTHONPATH": str(REPO)}, cwd="/")
+                env={**os.environ, "PYTHONPATH": PYTHONPATH, **(env or {})}, cwd="/")
         deadline = time.monotonic() + agentutil.START_TIMEOUT
         while not agentutil.connectable(sock):
             if agent.proc.poll() is not None:

@@ -15,6 +15,7 @@ import pytest
 from cni import jsonio
 from tests import etcdutil
 from tests.e2e import bundle_driver
+from tests.logtee import PYTHONPATH
 from tests.nsutil import REPO, plugin_command
 
 ENV = {
@@ -30,7 +31,7 @@ ENV = {
 def call(command: str, conf: dict[str, Any]) -> tuple[int, Any, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")} | ENV | {"CNI_COMMAND": command}
     if bundle_driver.frozen_dir() is None:
-        env["PYTHONPATH"] = str(REPO)
+        env["PYTHONPATH"] = PYTHONPATH
     p = subprocess.run(
         plugin_command("whereabouts"), input=jsonio.dumps(conf), env=env, capture_output=True, timeout=120,
         check=False, cwd=REPO,
@@ -41,7 +42,7 @@ def call(command: str, conf: dict[str, Any]) -> tuple[int, Any, str]:
 def ipam_tool(*argv: str) -> subprocess.CompletedProcess[str]:
     frozen = bundle_driver.frozen_dir()
     cmd = [str(frozen / "pycni-ipam")] if frozen else ["python3", "-m", "ipam"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)} if frozen is None else dict(os.environ)
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH} if frozen is None else dict(os.environ)
     if frozen is None:
         cmd[0] = sys.executable  # the virtualenv running the tests (a worktree has none of its own)
     return subprocess.run([*cmd, *argv], capture_output=True, text=True, timeout=120, env=env, check=False)

@@ -16,7 +16,8 @@ from cni import jsonio
 from tests import agentutil
 from tests.kubeapi.factory import open_kube
 from tests.kubeup import Tenant
-from tests.nsutil import REPO, plugin_command
+from tests.logtee import PYTHONPATH
+from tests.nsutil import plugin_command
 
 CID = "fe" * 32
 ENV = {
@@ -30,7 +31,7 @@ ENV = {
 
 
 def run(cmd: list[str], env: dict[str, str], stdin: bytes) -> tuple[int, Any, str]:
-    full = {**os.environ, **env, "PYTHONPATH": str(REPO)}
+    full = {**os.environ, **env, "PYTHONPATH": PYTHONPATH}
     p = subprocess.run(cmd, input=stdin, env=full, capture_output=True, timeout=120, check=False)
     out = p.stdout.decode()
     return p.returncode, jsonio.loads(out) if out.startswith("{") else out, p.stderr.decode()

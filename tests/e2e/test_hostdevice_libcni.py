@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from cni import jsonio
+from tests.logtee import PYTHONPATH
 from tests.nsutil import REPO, Topology, plugin_command, sh
 
 
@@ -31,7 +32,7 @@ def plugin_dir(tmp_path: Path) -> Iterator[Path]:
     d = tmp_path / "bin"
     d.mkdir()
     cmd = " ".join(plugin_command("host-device"))
-    (d / "host-device").write_text(f"#!/bin/sh\nPYTHONPATH={REPO} exec {cmd} \"$@\"\n")
+    (d / "host-device").write_text(f"#!/bin/sh\nPYTHONPATH={PYTHONPATH} exec {cmd} \"$@\"\n")
     (d / "host-device").chmod(0o755)
     yield d
 

@@ -38,7 +38,8 @@ from tests.devlab import NIC_PCI, VF_PCIS, Lab
 from tests.e2e import bundle_driver
 from tests.e2e.node import Node
 from tests.examples import EXAMPLES
-from tests.nsutil import REPO, Call, Topology
+from tests.logtee import PYTHONPATH
+from tests.nsutil import Call, Topology
 
 NETWORKS = "k8s.v1.cni.cncf.io/networks"
 STATUS = "k8s.v1.cni.cncf.io/network-status"
@@ -110,7 +111,7 @@ class MultusNode:
         assert bundle_driver.frozen_dir() is None, "a test that needs seams is marked source_only"
         entry = self.bin / plugin
         entry.unlink()
-        entry.write_text(f'#!/bin/sh\nPYTHONPATH="{REPO}" exec "{sys.executable}" -m tests.launch '
+        entry.write_text(f'#!/bin/sh\nPYTHONPATH="{PYTHONPATH}" exec "{sys.executable}" -m tests.launch '
                          f'{shlex.join(options)} -- {plugin}\n')
         entry.chmod(0o755)
 
@@ -172,7 +173,7 @@ def mnode(topo: Topology, tenant: kubeup.Tenant, tmp_path: Path) -> Iterator[Mul
     mn = MultusNode(lab, tenant, tmp_path, bundle_driver.plugin_dir(tmp_path))
     forwarder = kubeup.Forwarder(tenant.server, topo.host)  # Multus and the IPAM run in topo.host
     try:
-        with mn.node.agent() as agent:
+        with mn.node.agent(lab.env()) as agent:  # the lab's sysfs root: the agent's process environment
             yield mn
     finally:
         forwarder.close()

@@ -22,11 +22,12 @@ from cni import jsonio, log, netns, skel
 from cni.netlink import links
 from cni.netlink.socket import opened
 from ipam.store.base import Store
-from ipam.store.memory import Backend, MemoryStore
 from tests import launch
 from tests.concurrency.stores import Target
 from tests.devlab import VF_PCIS, Lab
 from tests.fakevf import FakeVf
+from tests.logtee import PYTHONPATH
+from tests.memstore import Backend, MemoryStore
 from tests.nsutil import REPO, Topology
 
 SECRET = "PYCNI-SECRET-fuzz-7f3a"  # never valid anywhere; the log grep looks for the prefix
@@ -146,6 +147,8 @@ class FuzzLab:
             mp.setattr("cni.device.conf.DEFAULT_DIR", str(self.default_state))
             if self.store == "memory":
                 mp.setattr("ipam.store.select.open_store", lambda conf: MemoryStore(self.backend))
+            # the sysfs root is the process's (cni.sriov.sysfs), as in the lab's plugin processes
+            mp.setenv("PYCNI_SYSFS_ROOT", str(self.lab.sysfs))
             # the recording VF seam, installed as tests/launch.py installs it in a plugin process
             fake_pf = str(self.lab.fake_pf)
             mp.setattr("cni.sriov.vf.factory", lambda: FakeVf(fake_pf))
@@ -248,7 +251,7 @@ def run_process(lab: FuzzLab, plugin: str, env: Mapping[str, str], stdin: bytes,
 
     full = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
     full.update(env)
-    full["PYTHONPATH"] = str(REPO)
+    full["PYTHONPATH"] = PYTHONPATH
     cmd = launch.command(plugin, faults, lab.lab.fake_pf)
     if plugin != "whereabouts":
         cmd = ["ip", "netns", "exec", lab.topo.host, *cmd]

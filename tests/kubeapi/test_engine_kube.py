@@ -13,6 +13,7 @@ from ipam.engine import Engine
 from ipam.model import Allocation, PoolUpdate, Reservation
 from tests.kubeapi.factory import counting_store, open_kube
 from tests.kubeup import Tenant
+from tests.logtee import PYTHONPATH
 
 A = Allocation("a" * 64, "ns/a", "net1", "uid-a", "blue", "node-1")
 B = Allocation("b" * 64, "ns/b", "net1", "uid-b", "blue", "node-1")
@@ -221,7 +222,7 @@ def test_plugin_processes_queued_on_one_node_share_one_pool_write(tenant: Tenant
     before = tenant.server.request_counts()
     atts = [Att(f"{k}" * 64, "net1", f"{tenant.namespace}/p{k}") for k in range(1, 5)]
     procs = []
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYCNI_AGENT": "off"}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "PYCNI_AGENT": "off"}
     stdin = tmp_path / "conf.json"
     stdin.write_bytes(jsonio.dumps(conf))
     with nodelock.held(str(lock)):
@@ -261,7 +262,7 @@ def test_a_plugin_process_frees_the_reservation_its_nodes_add_made_without_readi
 
     conf = base_conf("blue", {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(tenant.node)}},
                      tmp_path, range="198.51.100.0/24")  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYCNI_AGENT": "off"}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "PYCNI_AGENT": "off"}
 
     def call(att: Att, command: str) -> dict[tuple[str, str], float]:
         before = tenant.server.request_counts()

@@ -34,6 +34,7 @@ from ipam.store.names import pool_name, reservation_name
 from tests import kubeup
 from tests.kubeapi import wbupstream
 from tests.kubeapi.wbupstream import ControlLoop, Implementation, cni_env
+from tests.logtee import PYTHONPATH
 
 NODE_A, NODE_B = "node-a", "node-b"  # suffixed with the namespace: nodes are cluster-scoped
 MAX_PODS = 8
@@ -467,7 +468,7 @@ class Node:
 
     def ipam(self, *argv: str) -> str:
         """`python -m ipam ARGV` from this checkout, as an operator runs it."""
-        env = {**os.environ, "PYTHONPATH": str(kubeup.REPO)}
+        env = {**os.environ, "PYTHONPATH": PYTHONPATH}
         proc = subprocess.run([sys.executable, "-m", "ipam", *argv], capture_output=True, text=True,
                               env=env, timeout=120, check=False)
         assert proc.returncode == 0, proc.stderr

@@ -17,6 +17,7 @@ from bundler import cli, hostconf, install
 from cni import jsonio
 from cni.errors import CniError
 from tests.bundle_layouts import FAKE_EXE, fake_layout, opts
+from tests.logtee import PYTHONPATH
 from tests.nsutil import REPO
 
 pytestmark = pytest.mark.skipif(not FAKE_EXE.exists(), reason=f"{FAKE_EXE} (containernetworking-plugins)")
@@ -111,7 +112,7 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     def start(*args: str) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "bundler.install", "--interval", "0.1", "--full-verify-every", "2",
                *args]
-        p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": PYTHONPATH},
                              stderr=subprocess.PIPE)
         procs.append(p)
         return p

@@ -32,7 +32,8 @@ from ipam.reconciler import Reconciler
 from ipam.retry import Again, Retry, retrying
 from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
 from ipam.store.local import LocalStore
-from ipam.store.memory import Backend, MemoryStore
+from tests.logtee import PYTHONPATH
+from tests.memstore import Backend, MemoryStore
 from tests.nsutil import REPO
 from tests.unit.ipam.test_engine import Clock, Flaky, addrs, make
 from tests.unit.test_import_cost import modules
@@ -223,7 +224,7 @@ def test_plugin_call_never_imports_prometheus_client(tmp_path: Path) -> None:
     """An in-process whereabouts ADD and DEL in a fresh interpreter (`-X importtime`, and sys.modules,
     which also sees what importlib.import_module loads) run the hooks and import no exporter."""
     env = {**os.environ, "CNI_CONTAINERID": "c9", "CNI_NETNS": "/run/netns/none", "CNI_IFNAME": "net1",
-           "CNI_PATH": "/usr/lib/cni", "CNI_ARGS": ARGS, "PYTHONPATH": str(REPO), "PYCNI_AGENT": "off"}
+           "CNI_PATH": "/usr/lib/cni", "CNI_ARGS": ARGS, "PYTHONPATH": PYTHONPATH, "PYCNI_AGENT": "off"}
     probe = ("import sys; from cni.__main__ import main; rc = main(['python', 'whereabouts']); "
              "sys.stderr.write('MODULES ' + ' '.join(sorted(sys.modules)))")
     for command in ("ADD", "DEL"):
@@ -367,7 +368,7 @@ def reconciler_scraped(args: list[str], interval: float, wait: float) -> Iterato
     metrics, scraped once its first run is over (waiting up to `wait` s, however slow the machine); then
     SIGTERM, which it must answer with exit 0."""
     cmd = [sys.executable, "-m", "ipam", *args, f"--interval={interval:g}", "--metrics=127.0.0.1:0"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": PYTHONPATH},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     try:
         assert proc.stderr is not None

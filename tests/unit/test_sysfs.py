@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from cni.errors import CniError
+from cni.plugins import hostdevice
 from cni.plugins.sriov import SriovConf, resolve
 from cni.sriov import sysfs
 from cni.types.netconf import Request
@@ -79,10 +80,27 @@ def test_virtio_netdevs_are_found(tmp_path: Path) -> None:
     assert sysfs.Sysfs(str(tmp_path)).netdevs_in(str(tmp_path / "dev")) == ["ens3"]
 
 
-def test_root_and_pci_normalisation() -> None:
-    assert sysfs.root({}) == "/sys"
-    assert sysfs.root({sysfs.ENV: "/tmp/x"}) == "/tmp/x"
+def test_root_and_pci_normalisation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(sysfs.ENV, raising=False)
+    assert sysfs.root() == "/sys"
+    monkeypatch.setenv(sysfs.ENV, "/tmp/x")
+    assert sysfs.root() == "/tmp/x"
     assert sysfs.normalize_pci("0000:AF:06.1") == "0000:af:06.1"
     assert sysfs.normalize_pci("af:06.1") == "0000:af:06.1"
     assert sysfs.normalize_pci("0000:af:06.8") is None
     assert sysfs.normalize_pci("mlx5_core.sf.4") is None
+
+
+def test_the_root_is_the_processs_never_the_requests(tree: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """PYCNI_SYSFS_ROOT in a request's environment (what the agent carries from its caller) chooses
+    nothing: the device is looked up under the process's root."""
+    empty = tmp_path / "empty"
+    (empty / "bus" / "pci" / "devices").mkdir(parents=True)
+    conf = {"cniVersion": "1.0.0", "name": "n", "type": "host-device", "pciBusID": "0000:3b:00.0"}
+    req = Request("ADD", "1.0.0", conf, b"", env={sysfs.ENV: str(tree)})
+    monkeypatch.setenv(sysfs.ENV, str(empty))
+    with pytest.raises(CniError, match=f"no such PCI or auxiliary device under {empty}/bus"):
+        hostdevice.target(req)
+    monkeypatch.setenv(sysfs.ENV, str(tree))
+    assert hostdevice.target(Request("ADD", "1.0.0", conf, b"", env={sysfs.ENV: str(empty)})).netdev == "eno1"

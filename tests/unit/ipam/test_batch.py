@@ -20,7 +20,7 @@ from ipam.config import IpamConfig, from_dict
 from ipam.engine import Engine
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.ranges import IPRange
-from ipam.store.memory import Backend, MemoryStore
+from tests.memstore import Backend, MemoryStore
 from tests.unit.helpers import in_threads
 
 A = Allocation("ca", "ns/a", "net1", "", "n", "node1")

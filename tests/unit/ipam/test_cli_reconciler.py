@@ -18,6 +18,7 @@ from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.podsource import PodInfo, PodSourceError
 from ipam.reconciler import Finding, Reconciler, Report, _prefixes
 from ipam.store.local import LocalStore
+from tests.logtee import PYTHONPATH
 from tests.nsutil import REPO
 
 LIVE = Allocation("c-live", "ns/live", "net1", "uid-live", "netA", "n1")
@@ -180,7 +181,7 @@ def run_cli(*argv: str, stdin: str = "") -> tuple[int, str, str]:
         capture_output=True,
         check=False,
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
     )
     return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
 

@@ -10,7 +10,7 @@ from ipam.config import from_dict
 from ipam.engine import SPREAD_MAX, Engine, spread
 from ipam.model import Allocation, Pool, Reservation
 from ipam.retry import Retry
-from ipam.store.memory import Backend, MemoryStore
+from tests.memstore import Backend, MemoryStore
 
 OWNER = Allocation("c1", "ns/p", "net1", "u", "blue", "n")
 OTHER = Allocation("c2", "ns/q", "net1", "v", "blue", "n")

@@ -19,7 +19,7 @@ from ipam.config import from_dict
 from ipam.engine import Engine
 from ipam.model import Allocation, Pool, PoolUpdate
 from ipam.store.base import Conflict
-from ipam.store.memory import Backend, MemoryStore, _Pool
+from tests.memstore import Backend, MemoryStore, _Pool
 from tests.unit.helpers import in_threads
 
 RANGE = "198.51.100.0/24"

@@ -13,7 +13,7 @@ from ipam.config import from_dict
 from ipam.engine import Engine, Retry
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation, by_attachment, joined
 from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
-from ipam.store.memory import Backend, MemoryStore
+from tests.memstore import Backend, MemoryStore
 
 A = Allocation("ca", "ns/a", "net1", "uid-a", "netA", "node1")
 B = Allocation("cb", "ns/b", "net1", "uid-b", "netA", "node1")

@@ -11,7 +11,7 @@ from ipam.engine import SPREAD_MAX, Engine
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.retry import Retry
 from ipam.store.base import Conflict
-from ipam.store.memory import MemoryStore
+from tests.memstore import MemoryStore
 
 A = Allocation("ca", "ns/a", "net1", "uid-a", "netA", "node1")
 

@@ -19,6 +19,7 @@ from ipam.allocator import SnapshotView
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.store.base import Conflict
 from ipam.store.local import LocalStore
+from tests.logtee import PYTHONPATH
 from tests.nsutil import REPO
 
 A = Allocation("ca", "ns/a", "net1")
@@ -124,7 +125,7 @@ def test_many_processes_create_the_database_at_once(tmp_path: Path) -> None:
         subprocess.Popen(
             [sys.executable, "-c", code, path, str(i)],
             cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env={**os.environ, "PYTHONPATH": PYTHONPATH},
             stderr=subprocess.PIPE,
         )
         for i in range(12)

@@ -17,8 +17,8 @@ from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.podsource import PodInfo
 from ipam.reconciler import Reconciler
 from ipam.store import crd, etcd
-from ipam.store.memory import Backend, MemoryStore
 from ipam.store.names import network_name_of, reservation_address, reservation_name
+from tests.memstore import Backend, MemoryStore
 
 POOL = "198.51.100.0-24"
 OURS = Allocation("ca", "ns/a", "net1", "uid-a", "netA", "node1")

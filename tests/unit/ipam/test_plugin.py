@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from cni import jsonio, skel
+from tests.logtee import PYTHONPATH
 from tests.nsutil import REPO
 
 ARGS = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-a;K8S_POD_UID=uid-a"
@@ -219,7 +220,7 @@ def test_ipam_path_never_imports_pyroute2(conf: dict[str, Any]) -> None:
         "CNI_IFNAME": "net1",
         "CNI_PATH": "/usr/lib/cni",
         "CNI_ARGS": ARGS,
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": PYTHONPATH,
     }
     code = (
         "import sys; from cni.__main__ import main; rc = main(['python', 'whereabouts']); "

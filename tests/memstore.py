@@ -1,6 +1,6 @@
-"""The reference store: the protocol's semantics with nothing else, in memory. Used by unit tests and as
-the model the contract suite checks the real stores against. Handles share one `Backend`; each
-handle may be used from its own thread."""
+"""The reference store (tests only, not part of the product nor the bundle): the protocol's semantics
+with nothing else, in memory. Used by unit tests and as the model the contract suite checks the real
+stores against. Handles share one `Backend`; each handle may be used from its own thread."""
 
 from __future__ import annotations
 
