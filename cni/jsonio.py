@@ -4,7 +4,7 @@ these settings), the only importer of json (an import-linter contract).
 What a CNI plugin must hold to, beyond json's defaults: NaN and Infinity are refused, and so is anything
 that is not valid UTF-8 (bytes that do not decode, a lone surrogate escape); output is compact UTF-8
 (or 2-space indented). Not orjson: measured frozen on the plugin path, it cost more than json
-(docs/benchmarks-public-apis.md)."""
+(docs/benchmarks.md, "Public modules")."""
 
 from __future__ import annotations
 

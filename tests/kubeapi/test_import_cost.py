@@ -25,7 +25,7 @@ HEAVY = ("http", "email", "kubernetes", "urllib3", "requests", "oauthlib", "requ
 # number), urllib.parse (ipam.httpconn's split_url, quote, urlencode), the idna codec (ASCII host names
 # reach getaddrinfo and TLS as bytes), threading (_thread's locks); hashlib is imported on first use
 # (ipam.digest). ssl, socket and json are the public modules again (issue 27: ipam.tls, cni.jsonio; their
-# cost is in docs/benchmarks-public-apis.md); ssl imports base64. A local store's ADD loads no ssl, no
+# cost is in docs/benchmarks.md, "Public modules"); ssl imports base64. A local store's ADD loads no ssl, no
 # base64 (ours is binascii) nor hashlib.
 DROPPED = ("typing", "random", "urllib", "encodings.idna", "stringprep", "unicodedata", "threading")
 
