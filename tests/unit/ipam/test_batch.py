@@ -77,12 +77,15 @@ class GatedStore(CountingStore):
     """The first pool write of a phase waits until every other call of the phase is queued on the pool's
     combiner (bounded: 30 s), so the test does not depend on the threads keeping pace with each other."""
 
-    def __init__(self, backend: Backend, writes: list[int], waiting: Any, n: int) -> None:
+    def __init__(self, backend: Backend, writes: list[int], waiting: Any, n: int,
+                 arrived: threading.Event | None = None) -> None:  # fmt: skip
         super().__init__(backend, writes, 0.0)
         self.waiting, self.n = waiting, n
+        self.arrived = arrived or threading.Event()  # set when the first write begins
 
     def commit_pool(self, pool: Pool, update: PoolUpdate) -> str:
         if not self.writes:
+            self.arrived.set()
             first = len(update.put) + len(update.remove)
             assert until(lambda: self.waiting().pending() >= self.n - first), "the other calls never queued"
         return super().commit_pool(pool, update)
@@ -148,21 +151,30 @@ def test_without_sharing_calls_of_a_node_may_share_writes_through_its_queue(tmp_
 
 
 def test_an_op_failing_alone_does_not_fail_its_batch(shared: None, tmp_path: Path) -> None:
-    """A /30 has two addresses: in one batch of three ADDs, one is told the pool is exhausted (code 100)
-    and the other two are written."""
-    backend, writes = Backend(), []
+    """A /30 has two addresses. The first ADD takes one, and its write waits until two more ADDs are
+    queued behind it; those two run as one batch: one is told the pool is exhausted (code 100), the
+    other is written by that batch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    backend, writes, arrived = Backend(), [], threading.Event()
     owners = [Allocation(f"c{i}", f"ns/p{i}", "net1", "", "n", "node1") for i in range(3)]
+    conf = from_dict({"range": "198.51.100.0/30", "datastore": "kubernetes", "local_db": str(tmp_path / "db"),
+                      "kubernetes": {"kubeconfig": "/nonexistent"}})  # fmt: skip
 
     def add(i: int) -> int | str:
-        e = _engine(backend, writes, range="198.51.100.0/30", local_db=str(tmp_path / "db"))
+        e = _gated(GatedStore(backend, writes, lambda: None, 3, arrived), conf)
         try:
             return e.add(owners[i])[0][1]
-        except Exception as err:  # the exhausted one
-            return f"{type(err).__name__}:{getattr(err, 'code', '')}"
+        except CniError as err:  # the exhausted one
+            return f"{type(err).__name__}:{err.code}"
 
-    got = in_threads(3, add)
-    assert sorted(x for x in got if isinstance(x, int)) == [1, 2]
-    assert [x for x in got if isinstance(x, str)] == ["ExhaustedError:100"]
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(add, 0)
+        assert arrived.wait(30)  # its write began: its batch holds it alone
+        rest = [pool.submit(add, i) for i in (1, 2)]
+        got = [first.result(60), *(f.result(60) for f in rest)]
+    assert got[0] == 1 and sorted(got[1:], key=str) == [2, "ExhaustedError:100"]
+    assert writes == [1, 1]  # the second batch wrote the one it could place
 
 
 def test_combiner_runs_queued_ops_of_other_threads() -> None:
