@@ -89,8 +89,7 @@ def unwritten() -> Iterator[Unwritten]:
 def batches_of(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """batches_of(n): from then on every batch closes when it holds n calls, not before (its window and
     its lull are HANG seconds): which calls share a write does not depend on when they arrive."""
-    monkeypatch.setattr(batch, "IDLE", HANG)
-    batch.share(True, pace=0.0, defer=HANG)
+    batch.share(True, pace=0.0, defer=HANG, idle=HANG)
     yield lambda n: monkeypatch.setattr(batch, "MAX_BATCH", n)
     assert batch.settle_all(30)
     batch.share(False)
