@@ -168,6 +168,7 @@ class Combiner:
         self._cv: Any = None
         self._running = False  # deferring: a batch thread is on (it ends when the queue is empty)
         self._finished = 0  # deferring: batches done (settle waits for those under way when it began)
+        self._settling = 0  # deferring: threads waiting in settle (settling)
         self._write_s = 0.0  # deferring: how long the last pool write took
         self._execute_fn: Callable[[list[Op]], None] | None = None
         if defer:
@@ -337,8 +338,20 @@ class Combiner:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._cv.wait(left)
+                self._settling += 1
+                try:
+                    self._cv.wait(left)
+                finally:
+                    self._settling -= 1
         return True
+
+    def settling(self) -> int:
+        """Threads waiting in `settle` now (a CHECK or GC of the pool waiting for its answered calls to
+        be written): what a test waits for before it lets a held write go."""
+        if self._cv is None:
+            return 0
+        with self._cv:
+            return self._settling
 
 
 def _owed(batch: Sequence[Op]) -> list[Op]:

@@ -1,8 +1,14 @@
 """Concurrency per store (tests/concurrency/stores.py): 200 concurrent ADDs as separate processes on one
-pool, then 200 concurrent DELs; and a seeded storm of 2,000 (PYCNI_STORM_CALLS
-sets it) mixed ADD/DEL/CHECK/GC
-calls from 8 worker processes on two networks whose ranges overlap, checked after every batch, ending
-with a DEL of every attachment ever added: zero addresses held twice, zero orphans."""
+pool, then 200 concurrent DELs; and a seeded storm of 2,000 (PYCNI_STORM_CALLS sets it) mixed
+ADD/DEL/CHECK/GC calls from 8 worker processes on two networks whose ranges overlap, checked after every
+batch, ending with a DEL of every attachment ever added: zero addresses held twice, zero orphans.
+
+The storm runs in cycles. Each begins with a fixed sequence (forced_cycle) that takes every path the storm
+claims whatever the order the processes run in: GC freeing a forgotten attachment, a pool exhausted,
+takeover with the old sandbox's late DEL, re-ADD, DEL, CHECK of live and of gone attachments; then random
+batches drawn from the seed make up the cycle's share of the calls. The paths are asserted on the fixed
+sequences (each step asserts its outcome); the random batches' counts, which depend on the interleaving
+(which of two racing ADDs finds the pool full), are only printed."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import ipaddress
 import multiprocessing
 import os
 import random
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -17,13 +24,13 @@ from typing import Any
 
 import pytest
 
+from ipam.config import from_dict
+from ipam.store.base import Store
 from tests.concurrency.harness import Att, base_conf, check, run_inline, spawn_all
 from tests.concurrency.stores import NAMES, Target, target_for
 
 SEED = int(os.environ.get("PYCNI_STORM_SEED", "20260917"))
-# The storm's length: PYCNI_STORM_CALLS, else 2,000 on every store (on the real kube-apiserver too: at
-# 1,000 calls the GC rounds, one loop iteration in eight, fell below the minimum the end of the test
-# requires in one CI run out of several; the minimums are what make the storm cover those paths).
+# The storm's length: PYCNI_STORM_CALLS, else 2,000 on every store (on the real kube-apiserver too)
 CALLS: dict[str, int] = {}
 DEFAULT_CALLS = 2000
 
@@ -74,8 +81,7 @@ class Storm:
         self.forgotten: dict[str, set[Att]] = {n: set() for n in confs}  # leaked: only GC frees them
         self.counter = 0
         self.every: dict[str, set[Att]] = {n: set() for n in confs}  # all ever added: the final DEL
-        self.stats = {"add": 0, "readd": 0, "takeover": 0, "del": 0, "del-old": 0, "gc": 0, "exhausted": 0,
-                      "check": 0, "check-gone": 0}
+        self.stats: Counter[str] = Counter()  # every call by path, random batches included
 
     def new_att(self) -> Att:
         self.counter += 1
@@ -83,9 +89,15 @@ class Storm:
             f"s{self.counter:05d}", self.rnd.choice(["net1", "net2"]), f"ns{self.counter % 7}/p{self.counter}"
         )
 
-    def batch(self) -> list[tuple[str, str, Att, Any]]:
-        """Up to 16 operations on distinct pods (a runtime never runs two at once for one container)."""
-        ops: list[tuple[str, str, Att, Any]] = []
+    def forget(self, net: str, att: Att) -> None:
+        """The runtime lost it: no DEL will come; only GC may free it."""
+        self.forgotten[net].add(att)
+        del self.live[net][att]
+
+    def batch(self) -> list[Op]:
+        """Up to 16 random operations on distinct pods (a runtime never runs two at once for one
+        container)."""
+        ops: list[Op] = []
         busy: set[str] = set()
         for _ in range(self.rnd.randint(1, 16)):
             net = self.rnd.choice(sorted(self.confs))
@@ -119,7 +131,12 @@ class Storm:
         return ops
 
 
+Op = tuple[str, str, Att, Att | None]  # (path, network, attachment, the one a takeover replaces)
 COMMAND = {"del": "DEL", "del-old": "DEL", "check": "CHECK", "check-gone": "CHECK"}
+# the paths every cycle's fixed sequence takes at least this often (forced_cycle), whatever the interleaving
+PER_CYCLE = {"add": 6, "check": 2, "takeover": 2, "del-old": 2, "readd": 2, "del": 2, "gc": 4,
+             "check-gone": 8, "exhausted": 1}  # fmt: skip
+CYCLE_CALLS = 400  # one cycle (its fixed sequence, then random batches) per this many calls, at least 2
 
 
 def _call(op: str, conf: dict[str, Any], att: Att) -> tuple[int, Any]:
@@ -131,10 +148,148 @@ def _gc(conf: dict[str, Any], valid: list[dict[str, str]]) -> tuple[int, Any]:
     return run_inline(env, {**conf, "cni.dev/valid-attachments": valid})
 
 
+class Driver:
+    """Runs the storm's calls on the worker processes, follows their outcomes in the model and checks the
+    store against it after every batch. `forced`: the paths the fixed sequences took (forced_cycle)."""
+
+    def __init__(self, storm: Storm, pool: ProcessPoolExecutor, store: Store) -> None:
+        self.storm, self.pool, self.store = storm, pool, store
+        self.calls = 0
+        self.forced: Counter[str] = Counter()
+
+    def run(self, ops: list[Op], forced: bool = False, late_del: bool | None = None) -> Counter[str]:
+        """One batch (distinct pods, concurrently); the paths it took. `late_del`: whether a takeover's old
+        sandbox DEL follows (None: as the seed draws)."""
+        storm = self.storm
+        for op, net, att, _ in ops:
+            if op == "forget":
+                storm.forget(net, att)
+        runnable = [o for o in ops if o[0] != "forget"]
+        futures = [self.pool.submit(_call, op, storm.confs[net], att) for op, net, att, _ in runnable]
+        seen: Counter[str] = Counter()
+        for (op, net, att, old), fut in zip(runnable, futures, strict=True):
+            rc, out = fut.result()
+            seen[op] += 1
+            if op != "check-gone" and not op.startswith("del"):
+                storm.every[net].add(att)
+            if op == "del":
+                assert rc == 0, out
+                del storm.live[net][att]
+            elif op == "check":
+                assert rc == 0, (att, out)
+            elif op == "check-gone":  # forgotten and not yet GC'd: still held; deleted or taken over: not
+                if att in storm.forgotten[net]:
+                    assert rc == 0, (att, out)
+                else:
+                    assert rc == 1 and out["code"] == 105, (att, out)
+            elif rc != 0:
+                assert out["code"] == 100 and op == "add", (op, out)
+                seen["exhausted"] += 1
+            elif op == "add":
+                storm.live[net][att] = ips(out)
+            elif op == "readd":
+                assert ips(out) == storm.live[net][att]
+            else:  # takeover: same pod and ifname, new container id, same addresses
+                assert old is not None and ips(out) == storm.live[net].pop(old)
+                storm.live[net][att] = ips(out)
+                late = storm.rnd.random() < 0.5 if late_del is None else late_del
+                if late:  # the old sandbox's DEL arrives late: must not release
+                    rc, out = self.pool.submit(_call, "del-old", storm.confs[net], old).result()
+                    assert rc == 0, out
+                    seen["del-old"] += 1
+        self.record(seen, forced)
+        return seen
+
+    def gc(self, net: str, forced: bool = False) -> None:
+        """GC of one network with the live attachments valid: frees the forgotten ones."""
+        valid = [{"containerID": a.cid, "ifname": a.ifname} for a in self.storm.live[net]]
+        rc, out = self.pool.submit(_gc, self.storm.confs[net], valid).result()
+        assert rc == 0, out
+        self.storm.forgotten[net].clear()
+        self.record(Counter(gc=1), forced)
+
+    def record(self, seen: Counter[str], forced: bool) -> None:
+        self.storm.stats.update(seen)
+        if forced:
+            self.forced.update(seen)
+        self.calls += sum(n for path, n in seen.items() if path != "exhausted")
+        self.verify()
+
+    def verify(self) -> None:
+        """The store holds what the model says: no address twice, no orphan; every live attachment its
+        addresses; a forgotten one whatever it held (until GC)."""
+        storm = self.storm
+        problems, owners = check(self.store, storm.confs.values())
+        assert not problems, f"seed {SEED}, after {self.calls} calls: {problems[:10]}"
+        expected = {
+            (net, a.cid, a.ifname): sorted(v) for net in storm.confs for a, v in storm.live[net].items()
+        }
+        for net in storm.confs:
+            expected.update(
+                {
+                    (net, a.cid, a.ifname): sorted(owners.get((net, a.cid, a.ifname), []))
+                    for a in storm.forgotten[net]
+                }
+            )
+        assert {k: sorted(v) for k, v in owners.items()} == expected, f"seed {SEED}, after {self.calls} calls"
+
+
+def chunks[T](items: list[T], size: int = 16) -> list[list[T]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def capacity(conf: dict[str, Any]) -> int:
+    """How many attachments the network can hold at most: the addresses of its smallest range."""
+    return min(rng.size for rng in from_dict(conf["ipam"]).ranges)
+
+
+def forced_cycle(d: Driver, full: str) -> None:
+    """A fixed sequence that takes every path the storm claims, whatever the processes' interleaving
+    (each step asserts its outcome): DEL of every live attachment and GC of the forgotten ones (nothing
+    held); three ADDs per network; CHECK of one, takeover of another (its old sandbox's DEL arriving
+    late), ADD of the third again; the first forgotten, the third deleted; CHECK of the gone ones (the
+    deleted and the replaced: code 105; the forgotten: still held); GC, then CHECK of the collected one
+    (code 105); then more new attachments on network `full` than its smallest range has addresses: at
+    least one ADD is told the pool is exhausted (code 100); they are deleted again (the random batches
+    start with room: a full network A leaves B's ADDs stepping over A's reservations one by one)."""
+    s = d.storm
+    nets = sorted(s.confs)
+    for chunk in chunks([(net, a) for net in nets for a in sorted(s.live[net], key=lambda a: a.cid)]):
+        d.run([("del", net, a, None) for net, a in chunk], forced=True)
+    for net in nets:
+        d.gc(net, forced=True)
+    assert not any(s.live.values()) and not any(s.forgotten.values())  # (verify: the store holds nothing)
+    fresh = {net: [s.new_att() for _ in range(3)] for net in nets}
+    seen = d.run([("add", net, a, None) for net in nets for a in fresh[net]], forced=True)
+    assert seen["exhausted"] == 0 and all(a in s.live[net] for net in nets for a in fresh[net])
+    ops: list[Op] = []
+    for net in nets:
+        first, second, third = fresh[net]
+        successor = Att(second.cid + "r", second.ifname, second.pod)
+        ops += [("check", net, first, None), ("takeover", net, successor, second)]
+        ops.append(("readd", net, third, None))
+    d.run(ops, forced=True, late_del=True)
+    for net in nets:
+        s.forget(net, fresh[net][0])
+    d.run([("del", net, fresh[net][2], None) for net in nets], forced=True)
+    d.run([("check-gone", net, a, None) for net in nets for a in (fresh[net][2], fresh[net][1])], forced=True)
+    d.run([("check-gone", net, fresh[net][0], None) for net in nets], forced=True)  # forgotten: still held
+    for net in nets:
+        d.gc(net, forced=True)
+    d.run([("check-gone", net, fresh[net][0], None) for net in nets], forced=True)  # collected: gone
+    exhausted, fill = 0, [s.new_att() for _ in range(capacity(s.confs[full]) + 1)]
+    for group in chunks(fill):
+        exhausted += d.run([("add", full, a, None) for a in group], forced=True)["exhausted"]
+    assert exhausted >= 1, f"{full}: more new attachments than addresses, and none was refused"
+    for group in chunks([a for a in fill if a in s.live[full]]):
+        d.run([("del", full, a, None) for a in group], forced=True)
+
+
 def test_seeded_storm_then_del_of_everything(
     target: Target, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     total = storm_calls(request.node.callspec.params["target"])
+    cycles = max(2, total // CYCLE_CALLS)
     rnd = random.Random(SEED)
     confs = {
         "netA": base_conf("netA", target.ipam, tmp_path, range="198.18.1.0/26", exclude=["198.18.1.48/29"]),
@@ -147,37 +302,18 @@ def test_seeded_storm_then_del_of_everything(
     }
     storm = Storm(confs, rnd)
     store = target.open()
-    calls = 0
     ctx = multiprocessing.get_context("forkserver")
     try:
         with ProcessPoolExecutor(8, mp_context=ctx) as pool:
-            while calls < total:
-                if rnd.random() < 0.12:
-                    net = rnd.choice(sorted(confs))
-                    valid = [{"containerID": a.cid, "ifname": a.ifname} for a in storm.live[net]]
-                    rc, out = pool.submit(_gc, confs[net], valid).result()
-                    assert rc == 0, out
-                    storm.forgotten[net].clear()
-                    storm.stats["gc"] += 1
-                    calls += 1
-                else:
-                    calls += apply_batch(storm, pool)
-                problems, owners = check(store, confs.values())
-                assert not problems, f"seed {SEED}, after {calls} calls: {problems[:10]}"
-                expected = {
-                    (net, a.cid, a.ifname): sorted(v) for net in confs for a, v in storm.live[net].items()
-                }
-                for net in confs:
-                    expected.update(
-                        {
-                            (net, a.cid, a.ifname): sorted(owners.get((net, a.cid, a.ifname), []))
-                            for a in storm.forgotten[net]
-                        }
-                    )
-                assert {k: sorted(v) for k, v in owners.items()} == expected, (
-                    f"seed {SEED}, after {calls} calls"
-                )
-            calls += del_everything(storm, pool)
+            d = Driver(storm, pool, store)
+            for cycle in range(cycles):
+                forced_cycle(d, sorted(confs)[cycle % len(confs)])  # each network filled in turn
+                while d.calls < total * (cycle + 1) // cycles:
+                    if rnd.random() < 0.12:
+                        d.gc(rnd.choice(sorted(confs)))
+                    else:
+                        d.run(storm.batch())
+            d.calls += del_everything(storm, pool)
         problems, owners = check(store, confs.values())
         assert not problems and owners == {}, f"seed {SEED}: after DEL of all: {problems[:10]} {owners}"
         orphans = [r.name for r in store.iter_reservations()]
@@ -185,16 +321,11 @@ def test_seeded_storm_then_del_of_everything(
         assert orphans == [], f"seed {SEED}: orphans after DEL of everything: {orphans[:10]}"
     finally:
         store.close()
-    print(f"storm seed {SEED}: {calls} calls, {storm.stats}")
-    scale = total / 1000
-    assert (
-        storm.stats["gc"] > 10 * scale
-        and storm.stats["exhausted"] > 10 * scale
-        and storm.stats["takeover"] > 20 * scale
-        and storm.stats["del"] > 100 * scale
-        and storm.stats["check"] > 20 * scale
-        and storm.stats["check-gone"] > 5 * scale
-    ), storm.stats
+    print(f"storm seed {SEED}: {d.calls} calls, {cycles} cycles, forced {dict(d.forced)}, "
+          f"all {dict(storm.stats)}")
+    # every path taken, by construction (forced_cycle): these counts do not depend on the interleaving
+    short = {path: d.forced[path] for path, n in PER_CYCLE.items() if d.forced[path] < n * cycles}
+    assert not short, (short, cycles)
 
 
 def del_everything(storm: Storm, pool: ProcessPoolExecutor) -> int:
@@ -202,50 +333,9 @@ def del_everything(storm: Storm, pool: ProcessPoolExecutor) -> int:
     time, in parallel."""
     todo = [(net, att) for net in sorted(storm.every)
             for att in sorted(storm.every[net], key=lambda a: a.cid)]
-    for i in range(0, len(todo), 16):
-        chunk = todo[i:i + 16]
+    for chunk in chunks(todo):
         futures = [pool.submit(_call, "del", storm.confs[net], att) for net, att in chunk]
         for (net, att), fut in zip(chunk, futures, strict=True):
             rc, out = fut.result()
             assert rc == 0, (net, att, out)
     return len(todo)
-
-
-def apply_batch(storm: Storm, pool: ProcessPoolExecutor) -> int:
-    ops = storm.batch()
-    for op, net, att, _ in ops:
-        if op == "forget":  # the runtime lost it: no DEL will come; only GC may free it
-            storm.forgotten[net].add(att)
-            del storm.live[net][att]
-    runnable = [o for o in ops if o[0] != "forget"]
-    futures = [pool.submit(_call, op, storm.confs[net], att) for op, net, att, _ in runnable]
-    for (op, net, att, old), fut in zip(runnable, futures, strict=True):
-        rc, out = fut.result()
-        storm.stats[op] += 1
-        if op != "check-gone" and not op.startswith("del"):
-            storm.every[net].add(att)
-        if op == "del":
-            assert rc == 0, out
-            del storm.live[net][att]
-        elif op == "check":
-            assert rc == 0, (att, out)
-        elif op == "check-gone":  # forgotten and not yet GC'd: still held; deleted or taken over: not
-            if att in storm.forgotten[net]:
-                assert rc == 0, (att, out)
-            else:
-                assert rc == 1 and out["code"] == 105, (att, out)
-        elif rc != 0:
-            assert out["code"] == 100 and op == "add", (op, out)
-            storm.stats["exhausted"] += 1
-        elif op == "add":
-            storm.live[net][att] = ips(out)
-        elif op == "readd":
-            assert ips(out) == storm.live[net][att]
-        else:  # takeover: same pod and ifname, new container id, same addresses
-            assert ips(out) == storm.live[net].pop(old)
-            storm.live[net][att] = ips(out)
-            if storm.rnd.random() < 0.5:  # the old sandbox's DEL arrives late: must not release
-                rc, out = pool.submit(_call, "del-old", storm.confs[net], old).result()
-                assert rc == 0, out
-                storm.stats["del-old"] += 1
-    return len(runnable)

@@ -287,33 +287,34 @@ def _timed(calls: list[tuple[dict[str, str], dict[str, Any]]]) -> tuple[list[tup
     return out, time.monotonic() - t
 
 
-def kill_when_allocated(etcd: Etcd, pool: bytes, n: int) -> None:
-    """SIGKILL etcd as soon as the pool holds n allocations: surely mid-run, whatever the machine's speed."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        value = etcd.keys(b"/pycni/whereabouts/ippools/" + pool).get(b"/pycni/whereabouts/ippools/" + pool)
-        if value and len(jsonio.loads(value)["spec"]["allocations"]) >= n:
-            break
-        time.sleep(0.02)
-    etcd.kill()
-
-
 def test_etcd_killed_mid_storm_then_recovers(tmp_path: Path) -> None:
-    """40 ADDs in flight when etcd is SIGKILLed: each ends with its address or code 11 within BOUND.
-    After restart the runtime's DEL + ADD for the failures and a GC leave the store consistent, and
-    every ADD succeeds again."""
-    import threading
+    """40 ADDs: 5 done, then 35 in flight when etcd is SIGKILLed (queued on the node while the test holds
+    the node's lock of the pool, which it lets go once etcd is dead: surely in flight, whatever the
+    machine's speed): each ends with code 11, all within BOUND of etcd's death. After restart the
+    runtime's DEL + ADD for the failures and a GC leave the store consistent, and every ADD succeeds
+    again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ipam import nodelock
+    from tests.unit.helpers import until
 
     with etcdutil.running(on_disk=True) as etcd:
         conf = conf_for(etcd, tmp_path, range="198.18.0.0/24")
         atts = [Att(f"{i:04d}" + "k" * 60, "net1", f"ns/kill-{i}") for i in range(40)]
-        killer = threading.Thread(target=kill_when_allocated, args=(etcd, b"198.18.0.0-24", 5))
-        killer.start()
-        results, took = _timed([(a.env("ADD"), conf) for a in atts])
-        killer.join()
+        results = spawn_all([(a.env("ADD"), conf) for a in atts[:5]])
+        assert [rc for rc, _, _ in results] == [0] * 5, results
+        [lock] = (tmp_path / "state" / "pool-locks").glob("*.lock")
+        with ThreadPoolExecutor(1) as runner, nodelock.held(str(lock)):
+            calls = runner.submit(_timed, [(a.env("ADD"), conf) for a in atts[5:]])
+            queued = until(lambda: len(list(Path(f"{lock}.q").glob("*.req"))) == 35 or calls.done(), 120)
+            etcd.kill()
+            killed = time.monotonic()
+            assert queued and not calls.done(), "the calls never queued on the node"
+        late, _ = calls.result()
+        took = time.monotonic() - killed  # from etcd's death to the last answer
+        results += late
         codes = [0 if rc == 0 else out["code"] for rc, out, _ in results]
-        assert set(codes) <= {0, Code.TRY_AGAIN_LATER}, results
-        assert codes.count(Code.TRY_AGAIN_LATER) > 0 and took < BOUND, (codes, took)
+        assert codes == [0] * 5 + [Code.TRY_AGAIN_LATER] * 35 and took < BOUND, (results[5:8], took)
         print(f"etcd killed: {codes.count(0)} ADDs done, {len(codes) - codes.count(0)} code 11, {took:.1f} s")
         down = [a for a, c in zip(atts, codes, strict=True) if c]
         [(rc, out, _)], took = _timed([(atts[0].env("DEL"), conf)])

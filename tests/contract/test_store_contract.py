@@ -48,6 +48,7 @@ def race(n: int, factory: Factory, fn: Callable[[Store, int], Any]) -> list[Any]
         t.join(60)
     for h in handles:
         h.close()
+    assert not [t for t in threads if t.is_alive()], "a call did not return within 60 s"
     return results
 
 

@@ -70,7 +70,7 @@ def process_state(pid: int) -> tuple[int, str, str]:
             os.readlink(f"/proc/{pid}/cwd"))
 
 
-def settled(pid: int, want: int, timeout: float = 10.0) -> int:
+def settled(pid: int, want: int, timeout: float = 60.0) -> int:
     """Threads of `pid` once the request threads have ended (they end right after answering)."""
     deadline = time.monotonic() + timeout
     while (n := len(os.listdir(f"/proc/{pid}/task"))) != want and time.monotonic() < deadline:

@@ -131,9 +131,10 @@ def real_cluster(tmp: Path) -> Iterator[RealFactory]:
         )
         namespace = ns["metadata"]["name"]
         deadline = time.monotonic() + 60
-        while not _served(client, namespace) and time.monotonic() < deadline:
-            time.sleep(0.5)
         try:
+            while not _served(client, namespace):
+                assert time.monotonic() < deadline, f"the CRDs are not served in {namespace} after 60 s"
+                time.sleep(0.5)
             yield RealFactory(tmp, Path(source), namespace)
         finally:
             with contextlib.suppress(Exception):

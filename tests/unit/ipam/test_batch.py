@@ -4,6 +4,7 @@ write between concurrent threads of one process (the agent), and the node-local 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 import time
@@ -21,7 +22,7 @@ from ipam.engine import Engine
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.ranges import IPRange
 from tests.memstore import Backend, MemoryStore
-from tests.unit.helpers import in_threads
+from tests.unit.helpers import in_threads, until
 
 A = Allocation("ca", "ns/a", "net1", "", "n", "node1")
 B = Allocation("cb", "ns/b", "net1", "", "n", "node1")
@@ -76,16 +77,17 @@ class GatedStore(CountingStore):
     """The first pool write of a phase waits until every other call of the phase is queued on the pool's
     combiner (bounded: 30 s), so the test does not depend on the threads keeping pace with each other."""
 
-    def __init__(self, backend: Backend, writes: list[int], waiting: Any, n: int) -> None:
+    def __init__(self, backend: Backend, writes: list[int], waiting: Any, n: int,
+                 arrived: threading.Event | None = None) -> None:  # fmt: skip
         super().__init__(backend, writes, 0.0)
         self.waiting, self.n = waiting, n
+        self.arrived = arrived or threading.Event()  # set when the first write begins
 
     def commit_pool(self, pool: Pool, update: PoolUpdate) -> str:
         if not self.writes:
+            self.arrived.set()
             first = len(update.put) + len(update.remove)
-            deadline = time.monotonic() + 30
-            while self.waiting().pending() < self.n - first and time.monotonic() < deadline:
-                time.sleep(0.005)
+            assert until(lambda: self.waiting().pending() >= self.n - first), "the other calls never queued"
         return super().commit_pool(pool, update)
 
 
@@ -149,21 +151,30 @@ def test_without_sharing_calls_of_a_node_may_share_writes_through_its_queue(tmp_
 
 
 def test_an_op_failing_alone_does_not_fail_its_batch(shared: None, tmp_path: Path) -> None:
-    """A /30 has two addresses: in one batch of three ADDs, one is told the pool is exhausted (code 100)
-    and the other two are written."""
-    backend, writes = Backend(), []
+    """A /30 has two addresses. The first ADD takes one, and its write waits until two more ADDs are
+    queued behind it; those two run as one batch: one is told the pool is exhausted (code 100), the
+    other is written by that batch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    backend, writes, arrived = Backend(), [], threading.Event()
     owners = [Allocation(f"c{i}", f"ns/p{i}", "net1", "", "n", "node1") for i in range(3)]
+    conf = from_dict({"range": "198.51.100.0/30", "datastore": "kubernetes", "local_db": str(tmp_path / "db"),
+                      "kubernetes": {"kubeconfig": "/nonexistent"}})  # fmt: skip
 
     def add(i: int) -> int | str:
-        e = _engine(backend, writes, range="198.51.100.0/30", local_db=str(tmp_path / "db"))
+        e = _gated(GatedStore(backend, writes, lambda: None, 3, arrived), conf)
         try:
             return e.add(owners[i])[0][1]
-        except Exception as err:  # the exhausted one
-            return f"{type(err).__name__}:{getattr(err, 'code', '')}"
+        except CniError as err:  # the exhausted one
+            return f"{type(err).__name__}:{err.code}"
 
-    got = in_threads(3, add)
-    assert sorted(x for x in got if isinstance(x, int)) == [1, 2]
-    assert [x for x in got if isinstance(x, str)] == ["ExhaustedError:100"]
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(add, 0)
+        assert arrived.wait(30)  # its write began: its batch holds it alone
+        rest = [pool.submit(add, i) for i in (1, 2)]
+        got = [first.result(60), *(f.result(60) for f in rest)]
+    assert got[0] == 1 and sorted(got[1:], key=str) == [2, "ExhaustedError:100"]
+    assert writes == [1, 1]  # the second batch wrote the one it could place
 
 
 def test_combiner_runs_queued_ops_of_other_threads() -> None:
@@ -188,9 +199,7 @@ def test_combiner_runs_queued_ops_of_other_threads() -> None:
     others = [threading.Thread(target=comb.run, args=([ops[k]], execute)) for k in "bc"]
     for t in others:
         t.start()
-    deadline = time.monotonic() + 30
-    while len(comb._queue) < 2 and time.monotonic() < deadline:  # both queued behind the running batch
-        time.sleep(0.005)
+    assert until(lambda: comb.pending() == 2)  # both queued behind the running batch
     release.set()
     for t in (first, *others):
         t.join(30)
@@ -221,40 +230,78 @@ def test_node_lock_queues_holders_and_bounds_the_wait(tmp_path: Path) -> None:
 
 
 def test_node_lock_paces_the_next_write_by_the_previous_ones_duration(tmp_path: Path) -> None:
+    """The lock file tells the next holder (in another process as well) how long the previous write took
+    and how long ago it ended; pace_gap makes the wait of them: `pace` times the duration after its
+    end, at most `longest`, none once that much time has passed."""
     path = nodelock.path_for(str(tmp_path / "locks"), "store", "node1", "pool")
     with nodelock.held(path) as lock:
         assert lock is not None and batch.pace_gap(*lock.last_write(), 1.0, 0.5) < 0  # no write yet: no wait
+        before = time.time()
         lock.took(2.0)
-    with nodelock.held(path) as lock:  # the next holder, in another process as well (the file says)
+    with nodelock.held(path) as lock:  # the next holder
         assert lock is not None
-        assert 0.4 < batch.pace_gap(*lock.last_write(), 1.0, 0.5) <= 0.5  # as it took, at most `longest`
-        assert 0.9 < batch.pace_gap(*lock.last_write(), 0.5, 5.0) <= 1.0
+        took, since = lock.last_write()
+        after = time.time()
+        assert took == 2.0 and 0 <= since <= after - before + 0.001  # (the file keeps milliseconds)
         lock.took(0.0)
-        assert batch.pace_gap(*lock.last_write(), 1.0, 0.5) <= 0
+        assert lock.last_write()[0] == 0 and batch.pace_gap(*lock.last_write(), 1.0, 0.5) <= 0
+    assert batch.pace_gap(2.0, 0.0, 1.0, 0.5) == 0.5  # as long as it took, at most `longest`
+    assert batch.pace_gap(2.0, 0.1, 1.0, 0.5) == pytest.approx(0.4)  # less the time since it ended
+    assert batch.pace_gap(2.0, 0.1, 0.5, 5.0) == pytest.approx(0.9)  # `pace` times as long
+    assert batch.pace_gap(2.0, 0.6, 1.0, 0.5) == pytest.approx(-0.1)  # waited long enough: none
 
 
 def test_node_lock_directory_unusable_runs_without_it(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with nodelock.held(str(blocker / "locks" / "x.lock")):  # a parent that is a file: no lock, no error
-        pass
+    with nodelock.held(str(blocker / "locks" / "x.lock")) as lock:  # a parent that is a file
+        assert lock is None  # no lock, no error
+    # a cluster store's call whose lock directory (beside local_db) is unusable: done without the lock
+    backend, writes = Backend(), []
+    e = _engine(backend, writes, 0.0, local_db=str(blocker / "ipam.db"))
+    assert e.add(A)[0][1] == 1 and writes == [1]
+    assert backend.pools["198.51.100.0-24"].allocations["1"].container_id == "ca"
+    assert sorted(os.listdir(tmp_path)) == ["file"] and blocker.read_text() == ""
+
+
+class ProbingStore(CountingStore):
+    """At each pool write, tries the node lock at `lock` through an open file description of its own:
+    records whether someone holds it (the try fails) at that moment."""
+
+    def __init__(self, backend: Backend, writes: list[int]) -> None:
+        super().__init__(backend, writes, 0.0)
+        self.lock = ""
+        self.held: list[bool] = []
+
+    def commit_pool(self, pool: Pool, update: PoolUpdate) -> str:
+        fd = os.open(self.lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.held.append(False)
+        except BlockingIOError:
+            self.held.append(True)
+        finally:
+            os.close(fd)
+        return super().commit_pool(pool, update)
 
 
 def test_cluster_store_attempts_hold_the_node_lock(tmp_path: Path) -> None:
-    """Each read-modify-write of a cluster store's pool holds the node's lock for that pool: a holder
-    elsewhere makes the call wait (here: past its bound, code 11), and the lock file is beside local_db."""
+    """Each read-modify-write of a cluster store's pool holds the node's lock for that pool (a flock:
+    any other holder, in this process or another, waits), and the lock file is beside local_db."""
+    conf = from_dict({"range": RANGE, "datastore": "kubernetes", "kubernetes": {"kubeconfig": "/nonexistent"},
+                      "local_db": str(tmp_path / "state" / "ipam.db")})  # fmt: skip
     backend, writes = Backend(), []
-    e = _engine(backend, writes, 0.0, local_db=str(tmp_path / "state" / "ipam.db"))
+    store = ProbingStore(backend, writes)
+    e = Engine(store, conf)
     lock = nodelock.path_for(str(tmp_path / "state" / "pool-locks"), e.identity, "node1", "198.51.100.0-24")
+    store.lock = lock
     e.add(A)
-    assert os.path.exists(lock)
-    with nodelock.held(lock):
-        done = threading.Event()
-        t = threading.Thread(target=lambda: (e.add(B), done.set()))
-        t.start()
-        assert not done.wait(0.3)  # queued behind the holder
-    t.join(30)
-    assert done.is_set() and len(backend.pools["198.51.100.0-24"].allocations) == 2
+    e.add(B)
+    e.delete(A)
+    assert store.held == [True, True, True] and writes == [1, 1, 1]
+    assert set(backend.pools["198.51.100.0-24"].allocations) == {"2"}
+    with nodelock.held(lock) as held:  # each of the three writes counted as a holder's progress
+        assert held is not None and held.count == 4
 
 
 def test_a_race_lost_to_another_writer_heats_the_pool_and_the_next_call_scatters(tmp_path: Path) -> None:
