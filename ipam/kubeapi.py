@@ -14,6 +14,12 @@ once when the server answers 401: the kubelet rotates projected tokens), `client
 and `client-key(-data)`, `username`/`password`, `exec`. Relative paths are relative to the kubeconfig.
 `auth-provider` (removed from kubectl) is refused with a clear error. Secrets are never logged.
 
+In a pod, `"kubeconfig": "in-cluster"` (IN_CLUSTER) takes the pod's own ServiceAccount as client-go's
+`rest.InClusterConfig()` does: the server from KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT (the
+`kubernetes` Service's address, which the kubelet puts in every pod: no cluster DNS needed), the
+projected token file (re-read as above) and ca.crt of /var/run/secrets/kubernetes.io/serviceaccount,
+and that directory's `namespace` as the namespace of the IPAM objects.
+
 Requests have bounded timeouts (connect, read) and no hidden retries of writes; the callers map
 `ApiError` (an HTTP status) and `Unreachable` (no answer) to their own errors."""
 
@@ -33,6 +39,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_NAMESPACE = "kube-system"  # upstream whereabouts' default (wbNamespaceFromCtx)
+IN_CLUSTER = "in-cluster"  # the kubeconfig value naming the pod's own ServiceAccount (in_cluster_config)
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TIMEOUT = (3.0, 10.0)  # connect, read: seconds per request
 FIELD = "kubernetes.kubeconfig"
 
@@ -108,8 +116,35 @@ def _b64(value: Any, what: str, path: str) -> str:
         raise ConfigError(f"{FIELD}: {path}: {what} is not base64 PEM") from None
 
 
+def in_cluster_config(env: dict[str, str] | os._Environ[str], sa_dir: str = SA_DIR) -> KubeConfig:
+    """The pod's ServiceAccount, as client-go's rest.InClusterConfig() has it (module doc). ConfigError
+    naming what is missing when this is not a pod."""
+    host, port = env.get("KUBERNETES_SERVICE_HOST", ""), env.get("KUBERNETES_SERVICE_PORT", "")
+    if not host or not port:
+        raise ConfigError(f"{FIELD}: {IN_CLUSTER}: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are "
+                          "not both set (not in a pod?)")
+    token = os.path.join(sa_dir, "token")
+    if not os.path.isfile(token):
+        raise ConfigError(f"{FIELD}: {IN_CLUSTER}: no ServiceAccount token at {token} "
+                          "(automountServiceAccountToken off?)")
+    try:
+        with open(os.path.join(sa_dir, "namespace"), encoding="utf-8") as fh:
+            namespace = fh.read().strip()
+    except OSError:
+        namespace = ""
+    ca = os.path.join(sa_dir, "ca.crt")
+    if ":" in host and not host.startswith("["):  # net.JoinHostPort
+        host = f"[{host}]"
+    return KubeConfig(path=IN_CLUSTER, server=f"https://{host}:{port}",
+                      namespace=namespace or DEFAULT_NAMESPACE, ca_file=ca if os.path.isfile(ca) else "",
+                      token_file=token)
+
+
 def load_kubeconfig(path: str) -> KubeConfig:
-    """Read `path` (the current context). Raises ConfigError naming the field."""
+    """Read `path` (the current context), or the pod's ServiceAccount when `path` is IN_CLUSTER.
+    Raises ConfigError naming the field."""
+    if path == IN_CLUSTER:
+        return in_cluster_config(os.environ)
     try:
         with open(path, "rb") as fh:
             data = fh.read()
