@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
+import urllib.request
 from typing import Any
 
 from tests.cluster import kubenode
@@ -110,3 +112,39 @@ def test_the_installer_put_the_bundle_and_node_files_where_containerd_looks(inst
     for f in sub.iterdir():
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
     assert (sub / "nodename").read_text() == node.env["NODE_NAME"]
+
+
+def reconcile_runs(node: kubenode.Cluster) -> dict[str, float] | None:
+    """{result: runs} from the reconciler's metrics on its pod address (None until it has one)."""
+    pods = node.get("-n", kubenode.NS, "pods", "-l", "app.kubernetes.io/name=pycni-reconciler")["items"]
+    ip = pods[0]["status"].get("podIP") if len(pods) == 1 else None
+    if not ip:
+        return None
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://{ip}:9737/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r'^pycni_reconcile_runs_total\{result="(\w+)"\} (\S+)$', text, re.M)}
+
+
+def test_the_reconciler_reaches_the_api_in_cluster_without_cluster_dns(installed: Installed) -> None:
+    """The Deployment as shipped: its first run (at start) lists the pools through the `kubernetes`
+    Service's address from its environment; this node has no cluster DNS."""
+    node = installed.cluster
+    runs = kubenode.wait_for("a reconcile run", lambda: (r := reconcile_runs(node)) and sum(r.values()) and r,
+                             180)
+    assert runs.get("ok", 0) >= 1 and runs.get("error", 0) == 0, runs
+
+
+def test_the_daemonset_needs_no_mount_propagation(installed: Installed) -> None:
+    """The CRI refuses a HostToContainer/Bidirectional hostPath mount whose containing mount is private
+    ("/" on a node without systemd). The kit makes "/" shared while a cluster runs, so this node cannot
+    show that refusal: the live spec is checked instead (tests/test_pods.py shows the agent serving pods
+    whose namespaces were mounted after it started, which it can only open through the descriptor the
+    shim passes: its mounts are private)."""
+    ds = installed.cluster.get("-n", kubenode.NS, "daemonset", "pycni-node")
+    mounts = [m for c in ds["spec"]["template"]["spec"]["containers"] for m in c["volumeMounts"]]
+    assert {m.get("mountPropagation", "None") for m in mounts} == {"None"}, mounts
