@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.bundle_layouts import snapshot
 from tests.cluster import kubenode
 from tests.nsutil import RUN
 
@@ -41,6 +42,7 @@ class Installed:
     cluster: kubenode.Cluster
     tag: str
     overlay: Path
+    before: dict[str, dict[str, tuple[str, ...]]]  # the node's CNI dirs before the install (snapshot)
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +54,7 @@ def installed(cluster: kubenode.Cluster) -> Installed:
     cluster.ctr("images", "import", str(archive))
     archive.unlink()
     overlay = kubenode.write_overlay(cluster, tag, cluster.host.parent / "overlay")
+    before = {d: snapshot(Path(cluster.env[d])) for d in ("CNI_BIN_DIR", "CNI_CONF_DIR")}
     cluster.kubectl("apply", "-k", str(overlay))
     cluster.kubectl("-n", kubenode.NS, "rollout", "status", "daemonset/pycni-node", "--timeout=300s")
-    return Installed(cluster, tag, overlay)
+    return Installed(cluster, tag, overlay, before)
