@@ -175,9 +175,10 @@ def short_workdir() -> Path:
 
 # ---- the install -------------------------------------------------------------------------------
 
-def image_archive(tag: str, work: Path) -> Path:
+def image_archive(tag: str, work: Path, version_suffix: str = "") -> Path:
     """`make image` (bundler.image, podman offline, test-private storage) of the current bundle, saved
-    as a docker-archive for `ctr images import`."""
+    as a docker-archive for `ctr images import`; `version_suffix`: the same bundle as another build
+    (another version, hence another build id: a second image version for an upgrade)."""
     from bundler import image
     from tests.e2e.test_image import CONTAINERS_CONF, Podman
 
@@ -186,8 +187,15 @@ def image_archive(tag: str, work: Path) -> Path:
     work.mkdir(parents=True, exist_ok=True)
     (work / "containers.conf").write_text(CONTAINERS_CONF.format(tmp=work))
     pm = Podman(work, Path(tempfile.mkdtemp(prefix=f"{RUN}-pm-")))
+    layout = REPO / "dist" / "cni-bin"
+    if version_suffix:
+        from bundler import manifest
+        from tests.bundle_layouts import variant
+
+        version = manifest.load(layout / manifest.FILENAME).version + version_suffix
+        layout = variant(layout, work / "layout" / "cni-bin", version)
     try:
-        image.build_image(REPO / "dist" / "cni-bin", tag, work / "build", pm.prefix())
+        image.build_image(layout, tag, work / "build", pm.prefix())
         out = work / "pycni.tar"
         pm.ok("save", "--format", "docker-archive", "--output", str(out), tag)
         return out
@@ -196,6 +204,7 @@ def image_archive(tag: str, work: Path) -> Path:
         shutil.rmtree(pm.short, ignore_errors=True)
         shutil.rmtree(work / "root", ignore_errors=True)
         shutil.rmtree(work / "build", ignore_errors=True)
+        shutil.rmtree(work / "layout", ignore_errors=True)
 
 
 # What the overlay changes, and why (tests/cluster/test_install.py checks the rendered result differs from

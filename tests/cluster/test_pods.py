@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
+import signal
 import subprocess
+import threading
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bundler import manifest
 from tests.cluster import kubenode
 from tests.cluster.conftest import Installed
 from tests.nsutil import REPO, RUN, sh
@@ -146,6 +150,13 @@ def pinged(node: kubenode.Cluster, ns: str, src: str, dst: str) -> bool:
     return got.returncode == 0
 
 
+def sandbox_failures(node: kubenode.Cluster, ns: str) -> list[str]:
+    """The kubelet's events of failed sandbox set-ups or tear-downs (a CNI ADD or DEL that failed)."""
+    events = node.get("-n", ns, "events")["items"]
+    return [f"{e['reason']}: {e.get('message', '')}" for e in events
+            if e.get("reason") in ("FailedCreatePodSandBox", "FailedKillPod")]
+
+
 def settled(node: kubenode.Cluster, podrefs: set[str]) -> bool:
     held = set().union(*pool_owners(node).values()) | set(reservations(node).values())
     return not (held & podrefs)
@@ -186,6 +197,7 @@ def test_roce_shared_pods_dual_stack_reach_each_other_and_release_on_delete(net:
     node.kubectl("-n", ns, "delete", "pod", "roce-b", "--force", "--grace-period=0", timeout=180)
     kubenode.wait_for("the deleted pods' addresses and reservations released", lambda: settled(node, refs),
                       SETTLE)
+    assert sandbox_failures(node, ns) == []
 
 
 def host_has(link: str) -> bool:
@@ -209,3 +221,111 @@ def test_two_networks_in_one_pod_and_the_device_comes_back(net: Net) -> None:
     node.kubectl("-n", ns, "delete", "pod", "two-nets", "--wait=true", "--timeout=120s", timeout=180)
     kubenode.wait_for("the pod's addresses released", lambda: settled(node, ref), SETTLE)
     kubenode.wait_for(f"{net.device} back in the host namespace", lambda: host_has(net.device), SETTLE)
+    assert sandbox_failures(node, ns) == []
+
+
+def agent_pid(node: kubenode.Cluster) -> int:
+    """The host pid of the agent container's process (containerd's task of the container)."""
+    (ds_pod,) = node.get("-n", kubenode.NS, "pods", "-l", "app.kubernetes.io/name=pycni-node")["items"]
+    (status,) = [s for s in ds_pod["status"]["containerStatuses"] if s["name"] == "agent"]
+    cid = status["containerID"].removeprefix("containerd://")
+    for line in node.ctr("tasks", "ls").stdout.splitlines()[1:]:
+        task, pid, state = line.split()[:3]
+        if task == cid and state == "RUNNING":
+            return int(pid)
+    raise AssertionError(f"no running task for the agent container {cid}")
+
+
+def agent_restarts(node: kubenode.Cluster) -> tuple[int, bool]:
+    (ds_pod,) = node.get("-n", kubenode.NS, "pods", "-l", "app.kubernetes.io/name=pycni-node")["items"]
+    (status,) = [s for s in ds_pod["status"]["containerStatuses"] if s["name"] == "agent"]
+    return int(status["restartCount"]), bool(status["ready"])
+
+
+def test_agent_killed_nothing_fails(net: Net) -> None:
+    """The agent container's process killed (SIGKILL; the kubelet restarts the container): a pod created
+    right after gets its attachment (in-process while no agent listens, or from the restarted agent: the
+    shim takes whichever is there), its deletion releases it, no sandbox fails, the agent comes back."""
+    node, ns = net.node, net.ns
+    pid = agent_pid(node)
+    restarts, _ = agent_restarts(node)
+    os.kill(pid, signal.SIGKILL)
+    node.apply([pod("killed-agent", ns, "roce-shared")])
+    ready(node, ns, "killed-agent")
+    assert sorted(a.version for a in addresses(node, ns, "killed-agent", "net1")) == [4, 6]
+    kubenode.wait_for("the agent container restarted and Ready",
+                      lambda: agent_restarts(node) == (restarts + 1, True), SETTLE)
+    node.kubectl("-n", ns, "delete", "pod", "killed-agent", "--wait=true", "--timeout=120s", timeout=180)
+    kubenode.wait_for("the pod's addresses released", lambda: settled(node, {f"{ns}/killed-agent"}), SETTLE)
+    assert sandbox_failures(node, ns) == []
+
+
+def agent_build(node: kubenode.Cluster) -> str | None:
+    """The build the agent on the node's address reports (pycni_build_info), None when not answering."""
+    url = f"http://{node.env['NODE_IP']}:9736/metrics"
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    m = re.search(r'^pycni_build_info\{[^}]*build="([^"]+)"[^}]*\} 1\.0$', text, re.M)
+    return m.group(1) if m else None
+
+
+def test_upgrade_rolls_the_daemonset_to_a_second_image_under_a_create_delete_loop(
+        net: Net, installed: Installed) -> None:
+    """docs/install.md step 7: a second image version (same bundle, another build id) imported, the
+    overlay's tag changed, `kubectl apply -k`, the rollout awaited, while a loop creates and deletes pods:
+    every pod of the loop gets its attachment, every deletion releases it, no sandbox fails. The plugin
+    entries then point to the new build and the agent on the node's address reports it."""
+    node, ns = net.node, net.ns
+    old = manifest.load(REPO / "dist" / "cni-bin" / manifest.FILENAME).build
+    assert agent_build(node) == old
+    tag = f"{kubenode.REGISTRY}:{RUN}-2"
+    archive = kubenode.image_archive(tag, node.host.parent / "image2", version_suffix="+upgrade")
+    node.ctr("images", "import", str(archive))
+    archive.unlink()
+    started, rolled = threading.Event(), threading.Event()
+    errors: list[str] = []
+    cycles = [0, 0]  # all, and those begun after the rollout
+
+    def loop() -> None:
+        i = 0
+        while cycles[1] < 2 and not errors:
+            after = rolled.is_set()
+            name = f"loop-{i}"
+            try:
+                node.apply([pod(name, ns, "roce-shared")])
+                ready(node, ns, name)
+                started.set()  # the rollout begins once a pod of the loop is up (cycle 0 is before it)
+                assert sorted(a.version for a in addresses(node, ns, name, "net1")) == [4, 6]
+                node.kubectl("-n", ns, "delete", "pod", name, "--wait=true", "--timeout=120s", timeout=180)
+            except AssertionError as e:
+                errors.append(f"{name}: {e}")
+                started.set()
+            i += 1
+            cycles[0] += 1
+            cycles[1] += after
+
+    worker = threading.Thread(target=loop)
+    worker.start()
+    try:
+        assert started.wait(timeout=SETTLE) and errors == [], errors
+        kubenode.write_overlay(node, tag, installed.overlay)
+        node.kubectl("apply", "-k", str(installed.overlay))
+        node.kubectl("-n", kubenode.NS, "rollout", "status", "daemonset/pycni-node", "--timeout=300s",
+                     timeout=330)
+        rolled.set()
+    finally:
+        if not rolled.is_set():
+            errors.append("the rollout failed")
+        worker.join(timeout=900)
+    assert not worker.is_alive() and errors == [], errors
+    assert cycles[0] > cycles[1] >= 2  # pods came and went before, during and after the rollout
+    target = os.readlink(node.cni_bin_dir / "macvlan")
+    assert target.startswith(".pycni/") and old not in target, target
+    kubenode.wait_for("the new agent on the node's address", lambda: (b := agent_build(node)) and b != old
+                      and b in target and b, SETTLE)
+    refs = {f"{ns}/loop-{i}" for i in range(cycles[0])}
+    kubenode.wait_for("the loop pods' addresses released", lambda: settled(node, refs), SETTLE)
+    assert sandbox_failures(node, ns) == []
