@@ -1,5 +1,7 @@
 """The cluster suite's fixtures: one real cluster per session (tests/cluster/kubenode.py), pycni
-installed on it once. Runs in `make test`'s source pass only (the frozen passes collect tests/integration
+installed on it once. Package-scoped: the cluster goes (kube-node-down, "/" back to private, the
+kube-proxy lock released) as soon as the last test of tests/cluster has run, not at the end of a
+`pytest tests` session. Runs in `make test`'s source pass only (the frozen passes collect tests/integration
 and tests/e2e; tests/conftest.py deselects tests/cluster anyway when PYCNI_PLUGIN_DIR is set): the image
 is always made from the frozen bundle, so a frozen pass would only repeat it. Skipped, saying so, only
 when ../shared (the cluster kit) is absent; root gating is tests/conftest.py's."""
@@ -18,7 +20,7 @@ from tests.cluster import kubenode
 from tests.nsutil import RUN
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster() -> Iterator[kubenode.Cluster]:
     reason = kubenode.absent()
     if reason:
@@ -45,7 +47,7 @@ class Installed:
     before: dict[str, dict[str, tuple[str, ...]]]  # the node's CNI dirs before the install (snapshot)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def installed(cluster: kubenode.Cluster) -> Installed:
     """pycni as an operator installs it: image imported into the node's containerd, `kubectl apply -k`
     of the overlay, the DaemonSet rolled out (both containers Ready through the shipped probes)."""
