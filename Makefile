@@ -80,7 +80,9 @@ unit: venv
 e2e: deps venv driver
 	$(VENV)/bin/pytest -q tests/e2e
 
-# Three passes: everything from source, then the integration and e2e suites against the frozen entries,
+# Three passes: everything from source (with the cluster suite, tests/cluster: a real single-node cluster
+# from ../shared, pycni's image installed on it with kubectl apply -k; it runs only here, once), then the
+# integration and e2e suites against the frozen entries,
 # once in-process (no agent) and once through the frozen node-local agent (PYCNI_TEST_AGENT=1). The frozen
 # passes leave to the first what runs no frozen entry or only repeats a scenario at an older cniVersion
 # (tests/conftest.py frozen_selection; they print how many).

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from cni.errors import NetnsError, NetnsGoneError
 
@@ -15,6 +16,24 @@ CLONE_NEWNET = 0x40000000
 
 
 NS_GET_NSTYPE = 0xB703
+
+# The node-local agent serves a request in its own mount namespace, where a pod namespace the runtime
+# mounted after the agent started is not visible unless the host's mounts propagate into the agent's
+# container (they need not: a node's "/" may be private). The shim opens CNI_NETNS in the caller's mount
+# namespace and passes the descriptor; on the request's thread, GIVEN = (that path, the descriptor), and
+# opening or stat-ing that path means the descriptor (cni.agent.server.execute sets it).
+GIVEN: ContextVar[tuple[str, int] | None] = ContextVar("pycni_given_netns", default=None)
+
+
+def _given(path: str) -> int | None:
+    given = GIVEN.get()
+    return given[1] if given is not None and path and given[0] == path else None
+
+
+def stat(path: str) -> os.stat_result:
+    """os.stat(path), for the namespace the caller passed when path is its CNI_NETNS (GIVEN)."""
+    fd = _given(path)
+    return os.fstat(fd) if fd is not None else os.stat(path)
 
 
 def ns_type(fd: int) -> int | None:
@@ -35,6 +54,9 @@ def is_netns_fd(fd: int) -> bool:
 def open_netns(path: str) -> int:
     """An O_RDONLY fd on the namespace at `path`. NetnsGoneError when it does not exist (or is an
     unmounted leftover file), NetnsError when it is something else."""
+    given = _given(path)
+    if given is not None:
+        return os.dup(given)  # checked as a network namespace when it was given
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:

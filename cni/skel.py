@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from cni import faults, log, spec
 from cni.errors import CniError, Code, ConfigError, DecodeError, EnvError
+from cni.netns import stat as netns_stat
 from cni.types import fields as f
 from cni.types.args import CniArgs
 from cni.types.args import parse as parse_args
@@ -78,7 +79,7 @@ def check_not_own_netns(netns: str, env: Mapping[str, str]) -> None:
     if not netns or env.get("CNI_NETNS_OVERRIDE", "").lower() in ("1", "true"):
         return
     try:
-        target, own = os.stat(netns), os.stat("/proc/thread-self/ns/net")
+        target, own = netns_stat(netns), os.stat("/proc/thread-self/ns/net")
     except OSError:
         return  # missing or unreadable: the plugin reports it in context
     if (target.st_dev, target.st_ino) == (own.st_dev, own.st_ino):

@@ -10,9 +10,16 @@ The kubeconfig is read here (JSON, else YAML through PyYAML), exec credential pl
 Kubeconfig: the current context's cluster, user and namespace (upstream whereabouts' rule: the
 context namespace, `kube-system` when empty). Cluster: `server`, `certificate-authority(-data)`,
 `insecure-skip-tls-verify`, `tls-server-name`, `proxy-url`. User: `token`, `tokenFile` (re-read
-once when the server answers 401: the kubelet rotates projected tokens), `client-certificate(-data)`
+once when the server answers 401: the kubelet rotates projected tokens; awaited to change, TOKEN_WAIT,
+when it still holds the refused token), `client-certificate(-data)`
 and `client-key(-data)`, `username`/`password`, `exec`. Relative paths are relative to the kubeconfig.
 `auth-provider` (removed from kubectl) is refused with a clear error. Secrets are never logged.
+
+In a pod, `"kubeconfig": "in-cluster"` (IN_CLUSTER) takes the pod's own ServiceAccount as client-go's
+`rest.InClusterConfig()` does: the server from KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT (the
+`kubernetes` Service's address, which the kubelet puts in every pod: no cluster DNS needed), the
+projected token file (re-read as above) and ca.crt of /var/run/secrets/kubernetes.io/serviceaccount,
+and that directory's `namespace` as the namespace of the IPAM objects.
 
 Requests have bounded timeouts (connect, read) and no hidden retries of writes; the callers map
 `ApiError` (an HTTP status) and `Unreachable` (no answer) to their own errors."""
@@ -22,7 +29,7 @@ from __future__ import annotations
 import binascii  # base64's functions without base64.py, which imports re (every call on this store)
 import os
 
-from cni import jsonio
+from cni import jsonio, log
 from cni.errors import ConfigError
 from cni.types.valueclass import field, valueclass
 from ipam.httpconn import Connection, SlowAnswer, describe, quote, urlencode
@@ -33,7 +40,14 @@ if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_NAMESPACE = "kube-system"  # upstream whereabouts' default (wbNamespaceFromCtx)
+IN_CLUSTER = "in-cluster"  # the kubeconfig value naming the pod's own ServiceAccount (in_cluster_config)
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TIMEOUT = (3.0, 10.0)  # connect, read: seconds per request
+# A 401 with a token file that still holds the refused token: how long to wait for a new one. On a node
+# the installer's copy of its pod's token stops working the moment that pod is deleted (bound tokens die
+# with their pod), and the next installer pod writes its own once it has started: a DaemonSet rollout.
+TOKEN_WAIT = 30.0
+TOKEN_POLL = 0.2
 FIELD = "kubernetes.kubeconfig"
 
 
@@ -108,8 +122,35 @@ def _b64(value: Any, what: str, path: str) -> str:
         raise ConfigError(f"{FIELD}: {path}: {what} is not base64 PEM") from None
 
 
+def in_cluster_config(env: dict[str, str] | os._Environ[str], sa_dir: str = SA_DIR) -> KubeConfig:
+    """The pod's ServiceAccount, as client-go's rest.InClusterConfig() has it (module doc). ConfigError
+    naming what is missing when this is not a pod."""
+    host, port = env.get("KUBERNETES_SERVICE_HOST", ""), env.get("KUBERNETES_SERVICE_PORT", "")
+    if not host or not port:
+        raise ConfigError(f"{FIELD}: {IN_CLUSTER}: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are "
+                          "not both set (not in a pod?)")
+    token = os.path.join(sa_dir, "token")
+    if not os.path.isfile(token):
+        raise ConfigError(f"{FIELD}: {IN_CLUSTER}: no ServiceAccount token at {token} "
+                          "(automountServiceAccountToken off?)")
+    try:
+        with open(os.path.join(sa_dir, "namespace"), encoding="utf-8") as fh:
+            namespace = fh.read().strip()
+    except OSError:
+        namespace = ""
+    ca = os.path.join(sa_dir, "ca.crt")
+    if ":" in host and not host.startswith("["):  # net.JoinHostPort
+        host = f"[{host}]"
+    return KubeConfig(path=IN_CLUSTER, server=f"https://{host}:{port}",
+                      namespace=namespace or DEFAULT_NAMESPACE, ca_file=ca if os.path.isfile(ca) else "",
+                      token_file=token)
+
+
 def load_kubeconfig(path: str) -> KubeConfig:
-    """Read `path` (the current context). Raises ConfigError naming the field."""
+    """Read `path` (the current context), or the pod's ServiceAccount when `path` is IN_CLUSTER.
+    Raises ConfigError naming the field."""
+    if path == IN_CLUSTER:
+        return in_cluster_config(os.environ)
     try:
         with open(path, "rb") as fh:
             data = fh.read()
@@ -191,6 +232,7 @@ class Client:
             conf.server, tls, timeout[0], timeout[1], server_name=conf.tls_server_name, proxy=conf.proxy
         )
         self._auth = ""
+        self.token_wait = TOKEN_WAIT
         self._authorize(initial=True)
 
     def _pem(self, path: str, data: str) -> str | None:
@@ -228,6 +270,19 @@ class Client:
             raw = f"{conf.username}:{conf.password}".encode()
             self._auth = "Basic " + binascii.b2a_base64(raw, newline=False).decode()
 
+    def _await_new_token(self, refused: str) -> None:
+        """The token file still holds the token the server refused: re-read it until it changes, at most
+        `token_wait` seconds (TOKEN_WAIT); the caller then tries once more either way."""
+        import time
+
+        deadline = time.monotonic() + self.token_wait
+        while time.monotonic() < deadline:
+            time.sleep(TOKEN_POLL)
+            self._authorize()
+            if self._auth != refused:
+                log.info("kubernetes: %s: a new token after a 401", self.conf.token_file)
+                return
+
     def target(self, path: str, query: dict[str, Any] | None = None) -> str:
         q = {k: v for k, v in (query or {}).items() if v not in (None, "")}
         return path + ("?" + urlencode(q) if q else "")
@@ -237,12 +292,16 @@ class Client:
         content_type: str = "",
     ) -> dict[str, Any]:
         """Send one request; the decoded JSON answer. Raises ApiError or Unreachable. A 401 re-reads the
-        credentials (token file, exec plugin) once and tries again. `content_type`: of the body
+        credentials (token file, exec plugin) once and tries again; a token file still holding the
+        refused token is first awaited to change (TOKEN_WAIT). `content_type`: of the body
         (default application/json; a JSON Patch is application/json-patch+json)."""
         for attempt in (0, 1):
             status, data = self._send(method, self.target(path, query), body, content_type)
             if status == 401 and attempt == 0 and (self.conf.token_file or self.conf.exec is not None):
+                refused = self._auth
                 self._authorize()
+                if self.conf.token_file and self._auth == refused:
+                    self._await_new_token(refused)
                 continue
             break
         try:

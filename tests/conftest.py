@@ -33,6 +33,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "e2e" in parts:
             item.add_marker(pytest.mark.root)
             item.add_marker(pytest.mark.e2e)
+        if "cluster" in parts:
+            item.add_marker(pytest.mark.root)
+            item.add_marker(pytest.mark.cluster)
         if not nsutil.is_root() and "root" in item.keywords:
             item.add_marker(skip)
     if os.environ.get("PYCNI_PLUGIN_DIR"):
@@ -50,6 +53,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 #   each version's own path through the frozen entries stays in EVERY_VERSION (macvlan's round trip per
 #   version) and in the host-device and sriov per-version tests, which are not listed here.
 IN_PROCESS = ("tests/integration/test_ifconfig_announce.py", "tests/integration/test_vf_netlink.py")
+# - the cluster suite: it always installs the image of the frozen bundle, so it runs once, in the source
+#   pass (make test's frozen passes do not even collect it; this is for a frozen `pytest tests`)
+SOURCE_PASS_ONLY = ("tests/cluster/",)
 NEWEST_VERSION_ONLY = (
     "tests/integration/macvlan/",
     "tests/e2e/test_reference_parity.py",
@@ -83,7 +89,7 @@ def frozen_selection(config: pytest.Config, items: list[pytest.Item]) -> None:
             newest[m[0]] = m[1]
 
     def kept(item: pytest.Item) -> bool:
-        if item.nodeid.split("::")[0] in IN_PROCESS:
+        if item.nodeid.split("::")[0] in IN_PROCESS or item.nodeid.startswith(SOURCE_PASS_ONLY):
             return False
         m = matrix(item)
         return m is None or newest[m[0]] == m[1]

@@ -59,11 +59,22 @@ def _connect(path: str) -> socket.socket:
 
 
 def _request_fds() -> tuple[int, ...]:
-    return (
+    """The caller's namespace, stderr and cwd, then CNI_NETNS opened here when it can be: the agent runs
+    in a mount namespace of its own, where a pod namespace the runtime mounted after the agent started
+    is not visible without mount propagation (cni.netns.GIVEN). Not openable here: the agent looks the
+    path up itself and reports what it finds (gone, not a namespace), as a plugin process would."""
+    fds = (
         os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC),
         2,
         os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC),
     )
+    pod = os.environ.get("CNI_NETNS")
+    if pod:
+        try:  # O_NONBLOCK: a FIFO named as CNI_NETNS must not block the call
+            return (*fds, os.open(pod, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK))
+        except OSError:
+            pass
+    return fds
 
 
 def exchange(path: str, plugin: str, build: str, bundle: str, stdin: bytes) -> tuple[int, bytes]:
@@ -93,8 +104,8 @@ def exchange(path: str, plugin: str, build: str, bundle: str, stdin: bytes) -> t
             raise Unreachable(_refusal(reader) or f"agent: {e}") from None
         return _answer(sock, reader)
     finally:
-        os.close(fds[0])
-        os.close(fds[2])
+        for fd in (fds[0], *fds[2:]):
+            os.close(fd)
         sock.close()
 
 

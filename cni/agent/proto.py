@@ -30,7 +30,7 @@ VERSION = b"1"
 REQUEST, ENV, STDIN, READY, REFUSED, GO, ANSWER = b"Q", b"E", b"I", b"R", b"N", b"G", b"A"
 KINDS = frozenset((REQUEST, ENV, STDIN, READY, REFUSED, GO, ANSWER))
 MAX_FRAME = 16 << 20  # a network configuration is kilobytes; anything near this is not ours
-MAX_FDS = 3
+MAX_FDS = 4  # netns, stderr, cwd of the caller, and the pod's namespace (CNI_NETNS) when it opened it
 _HEAD = struct.Struct(">I")
 
 

@@ -39,7 +39,7 @@ class Job:
     umask: int
     env: dict[str, str]
     stdin: bytes
-    fds: list[int] = field(default_factory=list)  # netns, stderr, cwd of the caller
+    fds: list[int] = field(default_factory=list)  # netns, stderr, cwd of the caller[, CNI_NETNS opened]
 
 
 def say(msg: str) -> None:
@@ -56,8 +56,9 @@ def read_job(reader: proto.Reader) -> Job:
         raise proto.ProtocolError(f"protocol version {version!r} (this agent speaks {proto.VERSION!r})")
     _, env = reader.expect(proto.ENV)
     _, stdin = reader.expect(proto.STDIN)
-    if len(reader.fds) != 3 or not umask.isdigit():
-        raise proto.ProtocolError("a request carries three descriptors (netns, stderr, cwd) and a umask")
+    if len(reader.fds) not in (3, 4) or not umask.isdigit():
+        raise proto.ProtocolError("a request carries three descriptors (netns, stderr, cwd), the pod's "
+                                  "namespace when the caller opened it, and a umask")
     return Job(plugin.decode(), build.decode(), os.fsdecode(bundle), int(umask) & 0o777,
                proto.decode_env(env), stdin, list(reader.fds))
 
@@ -66,7 +67,7 @@ def enter_caller(job: Job) -> None:
     """Take on the caller's namespace, cwd and umask on this thread (OSError: not possible)."""
     from cni import netns
 
-    netns_fd, _, cwd_fd = job.fds
+    netns_fd, _, cwd_fd = job.fds[:3]
     if not netns.is_netns_fd(netns_fd):
         raise OSError(0, "the namespace descriptor is no network namespace")
     os.unshare(os.CLONE_FS)
@@ -91,10 +92,13 @@ def error_code(rc: int, out: bytes) -> int:
 
 def execute(job: Job) -> tuple[int, bytes]:
     """Run the request as its plugin process would: skel.run with the request's env and stdin."""
-    from cni import delegate, log, skel
+    from cni import delegate, log, netns, skel
 
     log.use_stderr(job.fds[1])
     delegate.CALLER_BUNDLE.set(job.bundle or None)
+    pod = job.env.get("CNI_NETNS", "")
+    if pod and len(job.fds) == 4 and netns.is_netns_fd(job.fds[3]):
+        netns.GIVEN.set((pod, job.fds[3]))  # this thread's context only
     out = io.BytesIO()
     try:
         rc = skel.run(job.plugin, job.env, io.BytesIO(job.stdin), out)

@@ -8,11 +8,10 @@ A container ID cannot contain ':' and an interface name cannot either, so file n
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from cni import jsonio, log
+from cni import jsonio, log, netns
 from cni.device.statedir import StateDir
 from cni.errors import CniError
 from cni.netlink.links import Link
@@ -104,7 +103,7 @@ def same_attachment(owner: dict[str, Any], att: Attachment) -> bool:
 
 def netns_id(path: str) -> str:
     try:
-        st = os.stat(path)
+        st = netns.stat(path)
     except OSError:
         return ""
     return f"{st.st_dev}:{st.st_ino}"

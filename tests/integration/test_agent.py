@@ -5,10 +5,12 @@ pass) and counts in the agent's log which requests it served."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 import time
 import warnings
@@ -278,3 +280,44 @@ def _try_request(sock: Path) -> str:
         return "PermissionError"
     except (OSError, proto.ProtocolError) as e:
         return f"error: {e}"
+
+
+def test_a_pod_namespace_the_agent_cannot_see_by_path_is_served_through_the_callers_descriptor(
+        topo: Topology, agent: Agent, tmp_path: Path) -> None:
+    """A node whose "/" is private does not propagate the runtime's netns mounts into the agent's
+    container (the DaemonSet asks for no mount propagation). Here CNI_NETNS exists only in the caller's
+    own mount namespace (a private tmpfs holding a bind mount of the pod namespace): the agent, in the
+    test's mount namespace, cannot open that path, yet serves ADD and DEL, through the descriptor the
+    shim opened (cni.netns.GIVEN). The plugin's view (the result's sandbox) is the path, unchanged."""
+    from tests.nsutil import plugin_command
+
+    cfg = conf(topo, tmp_path)
+    pod = topo.pod("hidden")
+    hidden = tmp_path / "private-mounts"
+    hidden.mkdir()
+    path = str(hidden / "pod")
+    enter = ('mount -t tmpfs tmpfs "$0" && touch "$0/pod" && mount --bind "$1" "$0/pod" && shift '
+             '&& exec "$@"')
+
+    def call(command: str) -> tuple[int, dict[str, Any] | None, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
+        env.update(CNI_COMMAND=command, CNI_CONTAINERID="hidden", CNI_NETNS=path, CNI_IFNAME="net1",
+                   CNI_PATH=cni_path(tmp_path), CNI_ARGS=ARGS.format(pod="hidden"),
+                   PYCNI_AGENT_SOCKET=str(agent.sock), PYTHONPATH=str(Path(__file__).parents[2]))
+        cmd = ["ip", "netns", "exec", topo.host, "unshare", "--mount", "--propagation", "private",
+               "sh", "-c", enter, str(hidden), pod, *plugin_command("macvlan")]
+        proc = subprocess.run(cmd, input=json.dumps(cfg).encode(), env=env, capture_output=True, check=False,
+                              cwd=str(Path(__file__).parents[2]))
+        out = json.loads(proc.stdout) if proc.stdout.strip() else None
+        return proc.returncode, out, proc.stderr.decode(errors="replace")
+
+    rc, out, err = call("ADD")
+    assert not os.path.exists(path)  # not in the agent's (this test's) mount namespace
+    assert rc == 0, (out, err)
+    assert out is not None and out["interfaces"][-1]["sandbox"] == path
+    assert topo.addrs(pod, "net1") == [out["ips"][0]["address"]]
+    assert len(agent.served("served macvlan ADD rc=0")) == 1  # by the agent, not in-process
+    rc, out, err = call("DEL")
+    assert rc == 0, (out, err)
+    assert len(agent.served("served macvlan DEL rc=0")) == 1
+    assert topo.link(pod, "net1") is None and allocations(tmp_path) == []

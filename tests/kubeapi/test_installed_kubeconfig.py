@@ -1,18 +1,21 @@
 """The kubeconfigs pycni ships reach the API with the kube store: the one the installer writes on each
-node (bundler/hostconf.py: server, CA file, tokenFile) and the reconciler's (its ConfigMap in
-bundler/manifests/reconciler.yaml), against the session's real kube-apiserver with the ServiceAccount
-tokens of a tenant namespace (bundler/manifests/rbac.yaml as shipped)."""
+node (bundler/hostconf.py: server, CA file, tokenFile) and the reconciler's (in-cluster, as its
+ConfigMap in bundler/manifests/reconciler.yaml says), against the session's real kube-apiserver with
+the ServiceAccount tokens of a tenant namespace (bundler/manifests/rbac.yaml as shipped)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import orjson
 import yaml
 
 from bundler import hostconf
-from ipam import rbac
+from ipam import kubeapi, rbac
+from ipam.config import store_config
 from ipam.model import Pool, PoolUpdate
+from ipam.store.kube import KubeStore
 from tests.kubeapi.emulator import MANIFESTS
 from tests.kubeapi.factory import open_kube
 from tests.kubeup import NODE_SA, RECONCILER_SA, Tenant
@@ -37,22 +40,24 @@ def test_installer_kubeconfig(tenant: Tenant, tmp_path: Path) -> None:
     assert tenant.pools() == {"198.51.100.0-24": {}}  # created as the node, in the node's namespace
 
 
-def test_reconciler_configmap_kubeconfig(tenant: Tenant, tmp_path: Path) -> None:
+def test_reconciler_configmap_in_cluster(tenant: Tenant, tmp_path: Path) -> None:
     docs = list(yaml.safe_load_all((MANIFESTS / "reconciler.yaml").read_text()))
     (cm,) = [d for d in docs if d and d["kind"] == "ConfigMap"]
-    doc = yaml.safe_load(cm["data"]["kubeconfig"])
-    # the pod's paths and in-cluster address, pointed at this test's files and server
-    cluster, user = doc["clusters"][0]["cluster"], doc["users"][0]["user"]
-    assert cluster["server"] == "https://kubernetes.default.svc" and user["tokenFile"].endswith("/token")
+    ipam = orjson.loads(cm["data"]["ipam.json"])
+    assert ipam["kubernetes"]["kubeconfig"] == kubeapi.IN_CLUSTER  # no DNS name, no file of our own
+    conf = store_config(ipam)
+    # the pod's ServiceAccount directory and Service environment, as this test's files and server
     server = tenant.server
-    cluster.update(server=server.url, **{"certificate-authority": server.ca_file})
-    (tmp_path / "token").write_text(server.token(tenant.namespace, RECONCILER_SA))
-    user["tokenFile"] = str(tmp_path / "token")
-    for context in doc["contexts"]:  # the ConfigMap names the shipped namespace
-        context["context"]["namespace"] = tenant.namespace
-    path = tmp_path / "kubeconfig"
-    path.write_bytes(orjson.dumps(doc))
-    store = open_kube(path, role=rbac.RECONCILER)
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    (sa / "token").write_text(server.token(tenant.namespace, RECONCILER_SA))
+    (sa / "ca.crt").write_bytes(Path(server.ca_file).read_bytes())
+    (sa / "namespace").write_text(tenant.namespace)
+    url = urlsplit(server.url)
+    env = {"KUBERNETES_SERVICE_HOST": str(url.hostname), "KUBERNETES_SERVICE_PORT": str(url.port)}
+    kube = kubeapi.in_cluster_config(env, str(sa))
+    assert conf.kubernetes.kubeconfig == kube.path
+    store = KubeStore(kubeapi.Client(kube), kube.namespace, role=rbac.RECONCILER)
     try:
         assert list(store.iter_pools()) == []
         node = open_kube(tenant.node)

@@ -182,8 +182,9 @@ def test_401_rereads_the_token_file_once(tenant: Tenant, tmp_path: Path) -> None
         second = server.token(tenant.namespace, NODE_SA)
         token.write_text(second + "\n")
         assert store.get_pool(POOL) is not None
-        # rotated again but the file is stale: one re-read, then code 11
+        # rotated again but the file is stale: one re-read, awaited to change (here briefly), then code 11
         rotate(server, tenant, second)
+        store.client.token_wait = 0.5
         with pytest.raises(StoreUnavailable, match="401"):
             store.get_pool(POOL)
     finally:

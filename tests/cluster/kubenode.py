@@ -1,0 +1,270 @@
+"""A real single-node cluster for the cluster suite (../shared/upstream/kube-node-up: kube-apiserver,
+scheduler, controller-manager, kubelet, containerd + runc, Multus thin plugin, kube-proxy) and pycni
+installed on it as an operator does: the image built offline and imported into the node's containerd
+(no registry), then `kubectl apply -k` of bundler/manifests through the overlay of `overlay()`.
+
+One cluster per session. `KUBE_PROXY=1` (the `kubernetes` Service, which the installer's kubeconfig and
+the reconciler's in-cluster client use) allows one cluster per host, and two CI runs may share this
+machine: `KubeProxyLock` serialises them with a host-wide flock, held from before kube-node-up until
+kube-node-down has returned, and then waits (bounded) for a claim of the kit's own by a cluster that
+is not ours to go away.
+
+The node's runtime environment carries PYCNI_AGENT_SOCKET (containerd inherits kube-node-up's
+environment, Multus and the plugins inherit containerd's): the agent's socket lives in the test's own
+directory, never in /run/pycni, and two clusters on one host never share an agent."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests import kubeup
+from tests.nsutil import REPO, RUN
+
+UPSTREAM = kubeup.UPSTREAM
+MANIFESTS = REPO / "bundler" / "manifests"
+# one kube-proxy per host (the kit refuses a second one at once): every pycni cluster suite on this host
+# takes this lock first. /run/lock is the host's lock directory; the file is empty and stays there.
+KUBE_PROXY_LOCK = Path("/run/lock/pycni-cluster-kube-proxy.lock")
+REGISTRY = "registry.pycni.test/pycni"  # the image as a user's registry would name it (never pulled)
+NS = "pycni-system"
+
+
+def absent() -> str:
+    """Why the suite cannot run here ("" when it can): only ../shared missing is a reason to skip."""
+    if not (UPSTREAM / "kube-node-up").exists():
+        return f"{UPSTREAM}/kube-node-up is absent (../shared beside the clone holds the cluster kit)"
+    return ""
+
+
+def wait_for[T](what: str, probe: Callable[[], T | None], timeout: float = 180.0, every: float = 0.5) -> T:
+    """Poll `probe` until it returns something other than None/False; AssertionError after `timeout`
+    naming `what` (a bounded wait on a condition, never a sleep standing for synchronisation)."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while True:
+        last = probe()
+        if last is not None and last is not False:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+class KubeProxyLock:
+    """The host-wide flock serialising KUBE_PROXY=1 clusters of pycni suites (see the module doc)."""
+
+    def __init__(self, path: Path = KUBE_PROXY_LOCK) -> None:
+        self.path = path
+        self.fd = -1
+
+    def acquire(self, timeout: float = 1800.0) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"{self.path}: another cluster suite held it for {timeout:.0f} s") from None
+                time.sleep(1.0)
+        # a cluster of someone else (kube-node-smoke by hand) may hold the kit's kube-proxy claim
+        shared = Path(os.environ.get("KUBE_NODE_SHARED", "/run/kube-node"))
+
+        def free() -> bool:
+            try:
+                owner = (shared / "kube-proxy").read_text().strip()
+            except OSError:
+                return True
+            return not owner or not Path(owner).is_dir()
+
+        wait_for("the kit's kube-proxy claim held by another cluster to go away", free, timeout=900.0,
+                 every=2.0)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing the last descriptor releases the flock
+            self.fd = -1
+
+
+@dataclass
+class Cluster:
+    dir: Path
+    env: dict[str, str]
+    host: Path  # directories of the test's own standing for the node's /run/pycni and /var/lib/cni
+
+    @property
+    def cni_bin_dir(self) -> Path:
+        return Path(self.env["CNI_BIN_DIR"])
+
+    @property
+    def cni_conf_dir(self) -> Path:
+        return Path(self.env["CNI_CONF_DIR"])
+
+    @property
+    def agent_socket_dir(self) -> Path:
+        return self.host / "run-pycni"
+
+    @property
+    def state_dir(self) -> Path:
+        """The node's /var/lib/cni as this test has it (the agent mounts it at the same path)."""
+        return self.host / "var-lib-cni"
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        got = subprocess.run(["kubectl", "--kubeconfig", self.env["KUBECONFIG"], *args], input=input,
+                             capture_output=True, text=True, check=False, timeout=timeout)
+        if check and got.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({got.returncode}): {got.stderr[-2000:]}")
+        return got
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", "-o", "json", *args).stdout)
+
+    def apply(self, docs: list[dict[str, Any]]) -> None:
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+
+    def ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*self.env["CTR"].split(), *args], capture_output=True, text=True,
+                              check=True, timeout=300)
+
+
+def up(workdir: Path) -> Cluster:
+    """kube-node-up with MULTUS=1 KUBE_PROXY=1 (the caller holds KubeProxyLock)."""
+    host = workdir / "host"
+    (host / "run-pycni").mkdir(parents=True)
+    (host / "var-lib-cni").mkdir()
+    env = {**os.environ, "MULTUS": "1", "KUBE_PROXY": "1", "UP_TMPDIR": str(workdir),
+           "PYCNI_AGENT_SOCKET": str(host / "run-pycni" / "agent.sock")}
+    proc = subprocess.run([str(UPSTREAM / "kube-node-up")], capture_output=True, text=True, env=env,
+                          check=False, timeout=900)
+    if proc.returncode != 0:  # kube-node-up cleans up after itself on failure
+        raise AssertionError(f"kube-node-up failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    state = Path(proc.stdout.strip().splitlines()[-1])
+    values = {}
+    for line in (state / "env").read_text().splitlines():
+        if "=" in line and not line.startswith("#"):
+            k, v = line.split("=", 1)
+            values[k] = v.strip('"')
+    return Cluster(state, values, host)
+
+
+def down(cluster_dir: Path) -> None:
+    subprocess.run([str(UPSTREAM / "kube-node-down"), str(cluster_dir)], capture_output=True, check=False,
+                   timeout=900)
+
+
+def short_workdir() -> Path:
+    """A short directory in /tmp (unix socket paths under it stay well below 108 bytes)."""
+    return Path(tempfile.mkdtemp(prefix=f"{RUN}-kn-"))
+
+
+# ---- the install -------------------------------------------------------------------------------
+
+def image_archive(tag: str, work: Path, version_suffix: str = "") -> Path:
+    """`make image` (bundler.image, podman offline, test-private storage) of the current bundle, saved
+    as a docker-archive for `ctr images import`; `version_suffix`: the same bundle as another build
+    (another version, hence another build id: a second image version for an upgrade)."""
+    from bundler import image
+    from tests.e2e.test_image import CONTAINERS_CONF, Podman
+
+    subprocess.run([str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv").exists() else "python3",
+                    "-m", "bundler.build"], cwd=REPO, check=True, capture_output=True, timeout=1800)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "containers.conf").write_text(CONTAINERS_CONF.format(tmp=work))
+    pm = Podman(work, Path(tempfile.mkdtemp(prefix=f"{RUN}-pm-")))
+    layout = REPO / "dist" / "cni-bin"
+    if version_suffix:
+        from bundler import manifest
+        from tests.bundle_layouts import variant
+
+        version = manifest.load(layout / manifest.FILENAME).version + version_suffix
+        layout = variant(layout, work / "layout" / "cni-bin", version)
+    try:
+        image.build_image(layout, tag, work / "build", pm.prefix())
+        out = work / "pycni.tar"
+        pm.ok("save", "--format", "docker-archive", "--output", str(out), tag)
+        return out
+    finally:
+        pm("rmi", "--all", "--force")
+        shutil.rmtree(pm.short, ignore_errors=True)
+        shutil.rmtree(work / "root", ignore_errors=True)
+        shutil.rmtree(work / "build", ignore_errors=True)
+        shutil.rmtree(work / "layout", ignore_errors=True)
+
+
+# What the overlay changes, and why (tests/cluster/test_install.py checks the rendered result differs from
+# bundler/manifests by exactly these paths). Index paths are checked against the names they stand for.
+def overlay_changes(cluster: Cluster, tag: str) -> list[tuple[str, str, Any, str]]:
+    """(op, JSON-patch path into the DaemonSet, value, why)."""
+    spec = "/spec/template/spec"
+    conf, binary = str(cluster.cni_conf_dir), str(cluster.cni_bin_dir)
+    return [
+        ("replace", f"{spec}/volumes/0/hostPath/path", binary,
+         "cni-bin: containerd's bin_dir on this node is $CNI_BIN_DIR, not /opt/cni/bin"),
+        ("replace", f"{spec}/volumes/1/hostPath/path", conf,
+         "cni-conf: containerd's conf_dir on this node is $CNI_CONF_DIR, not /etc/cni/net.d"),
+        ("add", f"{spec}/containers/0/command/-", f"--host-cni-conf-dir={conf}",
+         "the installer writes host paths into the flat file and kubeconfig: the conf dir as the host "
+         "has it"),
+        ("replace", f"{spec}/volumes/2/hostPath/path", str(cluster.agent_socket_dir),
+         "agent-socket: the test's own directory (never the host's /run/pycni; the node's runtime has "
+         "PYCNI_AGENT_SOCKET pointing there)"),
+        ("replace", f"{spec}/volumes/4/hostPath/path", str(cluster.state_dir),
+         "cni-state: the test's own directory for the node's /var/lib/cni (the test NADs' stateDir and "
+         "local_db, hence the pool locks, are under it)"),
+        ("replace", f"{spec}/containers/1/volumeMounts/2/mountPath", binary,
+         "the agent sees host paths at the same paths: the bin dir where this node has it"),
+        ("replace", f"{spec}/containers/1/volumeMounts/3/mountPath", conf,
+         "the agent sees host paths at the same paths: the conf dir (flat file, kubeconfig, token)"),
+        ("replace", f"{spec}/containers/1/volumeMounts/4/mountPath", str(cluster.state_dir),
+         "the agent sees host paths at the same paths: the state dir"),
+    ]
+
+
+EXPECTED_NAMES = {  # what each index of overlay_changes must name in the shipped DaemonSet
+    "/spec/template/spec/volumes/0": "cni-bin", "/spec/template/spec/volumes/1": "cni-conf",
+    "/spec/template/spec/volumes/2": "agent-socket", "/spec/template/spec/volumes/4": "cni-state",
+    "/spec/template/spec/containers/0": "installer", "/spec/template/spec/containers/1": "agent",
+    "/spec/template/spec/containers/1/volumeMounts/2": "cni-bin",
+    "/spec/template/spec/containers/1/volumeMounts/3": "cni-conf",
+    "/spec/template/spec/containers/1/volumeMounts/4": "cni-state",
+}
+
+
+def write_overlay(cluster: Cluster, tag: str, where: Path) -> Path:
+    """A kustomize overlay on bundler/manifests: `images:` (the registry name and tag, as a user points
+    the manifests at a registry) and the DaemonSet patch of overlay_changes, each change commented."""
+    where.mkdir(parents=True, exist_ok=True)
+    name, _, version = tag.rpartition(":")
+    patch = [{"op": op, "path": path, "value": value} for op, path, value, _ in overlay_changes(cluster, tag)]
+    why = "\n".join(f"#  {path}: {reason}" for _, path, _, reason in overlay_changes(cluster, tag))
+
+    kust = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(MANIFESTS, where)],
+        "images": [{"name": "pycni", "newName": name, "newTag": version}],
+        "patches": [{"target": {"kind": "DaemonSet", "name": "pycni-node"}, "patch": json.dumps(patch)}],
+    }
+    (where / "kustomization.yaml").write_text(
+        "# the test node's overlay (tests/cluster/kubenode.py); the image comes from a registry name\n"
+        + why + "\n" + yaml.safe_dump(kust, sort_keys=False))
+    return where
+
+
+def render(cluster: Cluster, where: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(where)).stdout) if d]
