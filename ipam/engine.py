@@ -462,7 +462,7 @@ class Engine:
                 width, pick=lambda n: int(self.retry.rand() * n), start=start,
             )  # fmt: skip
             if op.overlapping:
-                lost = op.claims.lost
+                lost, blocked = op.claims.lost, len(op.claims.blocked)
                 try:
                     self.reservations.claim(op, decision, changes.version)
                 except Again:
@@ -471,6 +471,8 @@ class Engine:
                     if op.claims.lost > lost:
                         op.started = self.retry.clock()  # lost to a racer: progress elsewhere
                         changes.hold(decision.offset)  # and no other op of this batch tries it again
+                    elif len(op.claims.blocked) > blocked:  # held for good (another network): one
+                        op.started = self.retry.clock()  # address fewer to walk, a bounded walk
                     now = self.retry.clock()
                     if now - op.started > self.retry.deadline or now - op.begun > self.retry.limit:
                         raise TryAgainError(

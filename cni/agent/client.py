@@ -8,7 +8,8 @@ agent may have applied part of the request. The runtime retries ADD after cleani
 is idempotent, so a code-11 answer is always safe to retry.
 
 Settings (environment): PYCNI_AGENT=off disables the agent; PYCNI_AGENT_SOCKET names the socket
-(default /run/pycni/agent.sock)."""
+(default /run/pycni/agent.sock); PYCNI_AGENT_TIMEOUT the seconds to wait for the agent to take the
+request (READY) before running it in-process (default 2)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 DEFAULT_SOCKET = "/run/pycni/agent.sock"
-SOCKET_ENV, SWITCH_ENV = "PYCNI_AGENT_SOCKET", "PYCNI_AGENT"
+SOCKET_ENV, SWITCH_ENV, TIMEOUT_ENV = "PYCNI_AGENT_SOCKET", "PYCNI_AGENT", "PYCNI_AGENT_TIMEOUT"
 CONNECT_TIMEOUT = 0.25  # a live agent accepts at once; a full backlog means "busy": run in-process
 READY_TIMEOUT = 2.0  # from the request sent to READY/REFUSED (the agent answers before executing)
 
@@ -31,6 +32,15 @@ def socket_path(env: Mapping[str, str]) -> str | None:
     if env.get(SWITCH_ENV, "").lower() in ("off", "0", "false", "no"):
         return None
     return env.get(SOCKET_ENV) or DEFAULT_SOCKET
+
+
+def ready_timeout(env: Mapping[str, str]) -> float:
+    """PYCNI_AGENT_TIMEOUT when it is a number of seconds in (0, 300], else READY_TIMEOUT."""
+    try:
+        seconds = float(env.get(TIMEOUT_ENV, ""))
+    except ValueError:
+        return READY_TIMEOUT
+    return seconds if 0 < seconds <= 300 else READY_TIMEOUT
 
 
 class Unreachable(Exception):
@@ -92,7 +102,7 @@ def exchange(path: str, plugin: str, build: str, bundle: str, stdin: bytes) -> t
                             str(umask).encode())
         reader = proto.Reader(sock)
         try:
-            sock.settimeout(READY_TIMEOUT)
+            sock.settimeout(ready_timeout(os.environ))
             proto.send(sock, proto.REQUEST, head, fds)
             proto.send(sock, proto.ENV, proto.encode_env(dict(os.environb)))
             proto.send(sock, proto.STDIN, stdin)

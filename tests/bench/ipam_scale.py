@@ -683,8 +683,9 @@ class Pycni(Impl):
     """pycni's whereabouts: frozen (`bundle`) or from source, in-process or through per-node agents."""
 
     def __init__(self, bundle: Path | None, agents: int = 0, scratch: Path | None = None,
-                 agent_args: tuple[str, ...] = ()) -> None:  # fmt: skip
+                 agent_args: tuple[str, ...] = (), agent_timeout: float | None = None) -> None:  # fmt: skip
         self.bundle = bundle
+        self.agent_timeout = agent_timeout  # the shims' PYCNI_AGENT_TIMEOUT (None: the default)
         self.label = "pycni+agent" if agents else "pycni"
         self.agents: dict[str, agentutil.Agent] = {}
         if agents:
@@ -720,6 +721,8 @@ class Pycni(Impl):
             env["PYTHONPATH"] = str(REPO)
         if self.agents:
             env["PYCNI_AGENT_SOCKET"] = str(self.agents[node].sock)
+            if self.agent_timeout is not None:
+                env["PYCNI_AGENT_TIMEOUT"] = str(self.agent_timeout)
         else:
             env["PYCNI_AGENT"] = "off"
         return env

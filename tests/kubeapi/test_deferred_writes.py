@@ -26,7 +26,7 @@ def test_an_agent_killed_before_its_deferred_write(tenant: kubeup.Tenant, tmp_pa
         pytest.skip("the agent serves root only")
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    agent = Pycni(None, agents=1, scratch=tmp_path / "a", agent_args=HELD)
+    agent = Pycni(None, agents=1, scratch=tmp_path / "a", agent_args=HELD, agent_timeout=120)
     try:
         agent.setup(tenant, tmp_path / "a")
         first = one_call(agent, WL, "ADD", Pod(0, tenant.namespace, "k"), 1,
@@ -63,7 +63,7 @@ def test_sigterm_during_a_deferred_write_writes_it_within_the_grace(
     says nothing was left unwritten."""
     if not is_root():
         pytest.skip("the agent serves root only")
-    agent = Pycni(None, agents=1, scratch=tmp_path, agent_args=(*HELD, "--grace", "30"))
+    agent = Pycni(None, agents=1, scratch=tmp_path, agent_args=(*HELD, "--grace", "30"), agent_timeout=120)
     try:
         agent.setup(tenant, tmp_path)
         first = one_call(agent, WL, "ADD", Pod(0, tenant.namespace, "t"), 1,

@@ -171,3 +171,12 @@ def test_switch_and_socket_path() -> None:
     assert client.socket_path({"PYCNI_AGENT_SOCKET": "/x.sock"}) == "/x.sock"
     for off in ("off", "0", "false", "OFF"):
         assert client.socket_path({"PYCNI_AGENT": off}) is None
+
+
+def test_the_shim_waits_for_ready_as_long_as_pycni_agent_timeout_says() -> None:
+    from cni.agent.client import READY_TIMEOUT, ready_timeout
+
+    assert ready_timeout({}) == READY_TIMEOUT == 2.0
+    assert ready_timeout({"PYCNI_AGENT_TIMEOUT": "30"}) == 30.0
+    for bad in ("", "x", "0", "-1", "301", "nan"):
+        assert ready_timeout({"PYCNI_AGENT_TIMEOUT": bad}) == READY_TIMEOUT, bad

@@ -98,3 +98,39 @@ def test_stores_that_serialise_writers_do_not_sweep() -> None:
     store.put_reservation(Reservation("198.51.100.7", A))  # cannot happen there: one transaction
     Engine(store, from_dict({"datastore": "local", "range": "198.51.100.0/24"})).delete(A)
     assert [r.name for r in store.iter_reservations()] == ["198.51.100.7"]
+
+
+class SlowServer(MemoryStore):
+    """Each reservation request takes a second of the injected clock (a loaded API server)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def put_reservation(self, res: Reservation) -> str:
+        self.now += 1.0
+        return super().put_reservation(res)
+
+    def get_reservation(self, name: str) -> Reservation | None:
+        self.now += 1.0
+        return super().get_reservation(name)
+
+
+def test_walking_past_many_addresses_of_other_networks_is_progress_on_a_slow_server() -> None:
+    """40 addresses held by another network's reservations cost two requests each to step over: on a
+    server that answers in a second, longer than the retry's deadline without progress (30 s). Each
+    address found steadily held is progress (the walk is bounded by the range), so the ADD gets the
+    41st; only the absolute limit (120 s) bounds it."""
+    store = SlowServer()
+    for i in range(1, 41):
+        other = Allocation(f"other{i}", f"ns/o{i}", "net1", "", "netB")
+        store.put_reservation(Reservation(f"198.51.100.{i}", other))
+    store.now = 0.0
+    conf = from_dict({"datastore": "local", "range": "198.51.100.0/24"})
+    engine = Engine(store, conf, Retry(clock=store.clock, sleep=lambda s: None, rand=lambda: 0.5))
+    [(rng, offset)] = engine.add(A)
+    assert str(rng.address(offset)) == "198.51.100.41"
+    assert store.now > Retry().deadline  # the walk did take longer than the deadline
