@@ -20,9 +20,10 @@ lists for the lock in /proc/locks) is not waited for at all: the waiter runs wit
 (`held` yields None, as when the lock directory cannot be used), logged with the holder's pid. A frozen
 agent would otherwise hold a pool's lock for good, and every in-process call of the node on that pool
 would end with code 11 after PATIENCE, retried by the runtime into the same wait (issue 28). The
-compare-and-swap still decides between the two writers, as between nodes; the holder's node-local
-state (snapshot, floor, known reservations) is not touched by the lockless writer, and a commit the
-holder later computes from it no longer fits the pool and is retried on the pool as stored.
+compare-and-swap still decides between the two writers, as between nodes: the lockless writer leaves
+the holder's node-local state (snapshot, floor, known reservations) alone, and a commit the resumed
+holder decided on a view that writer changed fails its guards (Conflict) and is retried on the pool
+as stored.
 
 Files: `<dir>/<sha256(store, node, pool)[:32]>.lock`, 0600, created once per pool and left in place (a
 file that is unlinked while others wait on it would split the queue). `dir` is `pool-locks/` beside the
