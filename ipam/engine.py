@@ -347,9 +347,15 @@ class Engine:
     ) -> nodequeue.Taken | None:
         """Under the node lock, a plugin process (`ticket`): None when another holder decided its ops
         already (its request withdrawn); else, after pacing its write, the ops of the node's other
-        calls it takes into its batch. Nothing to take elsewhere."""
-        if lock is None or ticket is None:
+        calls it takes into its batch. Nothing to take elsewhere. Without the lock (its holder is a
+        stopped process: ipam.nodelock) the call withdraws its request at once, taking an outcome a
+        holder left before, if any: no holder can serve it while the lock is held by the stopped one."""
+        if ticket is None:
             return nodequeue.Taken()
+        if lock is None:
+            done = ticket.answered()
+            ticket.close()
+            return None if done else nodequeue.Taken()
         if ticket.answered():
             ticket.close()
             return None

@@ -15,6 +15,16 @@ Progress is a counter in the lock file that every holder increments. A plugin pr
 blocks in flock and is woken by the kernel the moment the lock is free, with a timer to look at the
 counter; other threads (the agent's, where only one thread per pool and process ever waits) poll.
 
+A holder that is stopped (SIGSTOP, a debugger: state T or t in /proc/<pid>/stat, the pid the kernel
+lists for the lock in /proc/locks) is not waited for at all: the waiter runs without the lock
+(`held` yields None, as when the lock directory cannot be used), logged with the holder's pid. A frozen
+agent would otherwise hold a pool's lock for good, and every in-process call of the node on that pool
+would end with code 11 after PATIENCE, retried by the runtime into the same wait (issue 28). The
+compare-and-swap still decides between the two writers, as between nodes: the lockless writer leaves
+the holder's node-local state (snapshot, floor, known reservations) alone, and a commit the resumed
+holder decided on a view that writer changed fails its guards (Conflict) and is retried on the pool
+as stored.
+
 Files: `<dir>/<sha256(store, node, pool)[:32]>.lock`, 0600, created once per pool and left in place (a
 file that is unlinked while others wait on it would split the queue). `dir` is `pool-locks/` beside the
 local database (`local_db`, default /var/lib/cni/pycni), a node-local directory the agent mounts too.
@@ -41,10 +51,42 @@ LIMIT = 120.0  # absolute bound on one wait (upstream whereabouts' ADD limit)
 KNOWN_MAX = 4096  # reservations remembered per pool and node (Held.reservations)
 VERSION_BYTES = 24  # Held.floor: an etcd revision has at most 19 digits
 POLL = (0.001, 0.02)  # first and longest sleep between tries when polling, seconds
+LOOK = 1.0  # seconds between looks at the counter and the holder's state while waiting
 
 
 class _NoProgress(Exception):
     pass
+
+
+class _Stopped(Exception):
+    """The holder is a stopped process (its pid: args[0])."""
+
+
+def holder(fd: int) -> int:
+    """The pid /proc/locks lists as holding the flock on `fd`'s file, in this pid namespace (0: not
+    listed, or a process this namespace does not see)."""
+    st = os.fstat(fd)
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks", "rb") as f:
+            lines = f.read().decode("ascii", "replace").splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        # "N: FLOCK  ADVISORY  WRITE <pid> <maj>:<min>:<inode> 0 EOF"; a waiter's line has "->" after N:
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == key and fields[4].isdigit():
+            return int(fields[4])
+    return 0
+
+
+def _check_holder(fd: int) -> None:
+    """Raise _Stopped when the lock's holder is a stopped process."""
+    from cni.agent.proto import stopped  # on contention only: the shim's module, stdlib only
+
+    pid = holder(fd)
+    if stopped(pid):
+        raise _Stopped(pid)
 
 
 def private(path: str, flags: int) -> int:
@@ -181,18 +223,30 @@ def held(path: str, patience: float = PATIENCE, limit: float = LIMIT) -> Iterato
         log.debug("node lock %s unavailable (%s): running without it", path, e.strerror)
         yield None
         return
+    frozen = 0
     try:
         try:
             _block(fd, patience, limit)  # or _poll, off the main thread
         except _NoProgress:
+            pid = holder(fd)
+            by = f"by pid {pid} " if pid else ""
             raise TryAgainError(
-                f"node lock {path}: held elsewhere without progress for {patience:g}s"
+                f"node lock {path}: held {by}without progress for {patience:g}s"
             ) from None
+        except _Stopped as e:
+            frozen = int(e.args[0])
+        if frozen:
+            os.close(fd)
+            fd = -1
+            log.warning("node lock %s: held by pid %d, which is stopped: running without it", path, frozen)
+            yield None
+            return
         count = (_counter(fd) + 1) % 2**63
         os.pwrite(fd, count.to_bytes(8, "little"), 0)
         yield Held(fd, path, count)
     finally:
-        os.close(fd)  # releases the lock
+        if fd >= 0:
+            os.close(fd)  # releases the lock
 
 
 def _progress(fd: int, seen: list[int], since: list[float], start: float, patience: float,
@@ -207,15 +261,19 @@ def _progress(fd: int, seen: list[int], since: list[float], start: float, patien
 
 
 def _poll(fd: int, patience: float, limit: float) -> None:
-    start = time.monotonic()
+    start = looked = time.monotonic()
     seen, since = [_counter(fd)], [start]
     pause = POLL[0]
+    first = True
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             _progress(fd, seen, since, start, patience, limit)
+            if first or time.monotonic() - looked >= LOOK:
+                first, looked = False, time.monotonic()
+                _check_holder(fd)
             time.sleep(pause)
             pause = min(pause * 2, POLL[1])
 
@@ -226,6 +284,7 @@ def _block(fd: int, patience: float, limit: float) -> None:
         return
     except BlockingIOError:
         pass
+    _check_holder(fd)
     import signal
 
     start = time.monotonic()
@@ -233,8 +292,9 @@ def _block(fd: int, patience: float, limit: float) -> None:
 
     def look(signum: int, frame: object) -> None:  # a wake-up in flock: raise to stop waiting
         _progress(fd, seen, since, start, patience, limit)
+        _check_holder(fd)
 
-    check = min(1.0, patience / 4)
+    check = min(LOOK, patience / 4)
     try:
         previous = signal.signal(signal.SIGALRM, look)
     except ValueError:  # not the main thread (the agent's request threads): only it handles signals

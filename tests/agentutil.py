@@ -162,7 +162,7 @@ def fake_agent(path: Path, script: Callable[[socket.socket, proto.Reader], None]
         r = proto.Reader(conn)
         try:
             assert [r.read()[0] for _ in range(3)] == [proto.REQUEST, proto.ENV, proto.STDIN]
-            assert len(r.fds) == 3
+            assert r.fds == []  # the caller's descriptors come with GO, never before READY
             script(conn, r)
         finally:
             r.close_fds()
@@ -171,3 +171,14 @@ def fake_agent(path: Path, script: Callable[[socket.socket, proto.Reader], None]
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     return t
+
+
+def listener(sock: Path) -> subprocess.Popen[bytes]:
+    """A process listening on `sock` that never accepts (an agent hung before its accept), until killed."""
+    code = ("import socket, sys; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8); "
+            "print('ready', flush=True); sys.stdin.read()")
+    p = subprocess.Popen([sys.executable, "-c", code, str(sock)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)  # fmt: skip
+    assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+    return p
+

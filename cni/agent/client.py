@@ -56,9 +56,11 @@ def _connect(path: str) -> socket.socket:
     try:
         sock.settimeout(CONNECT_TIMEOUT)
         sock.connect(path)
-        owner = proto.peer_uid(sock)
+        pid, owner = proto.peer(sock)
         if owner not in (0, os.geteuid()):  # only root (or, in tests, ourselves) may answer for us
             raise Unreachable(f"agent socket {path} is served by uid {owner}")
+        if proto.stopped(pid):  # it would never say READY: do not wait for it
+            raise Unreachable(f"agent socket {path}: the agent (pid {pid}) is stopped")
     except OSError as e:
         sock.close()
         raise Unreachable(f"agent socket {path}: {e.strerror or e}") from None
@@ -103,13 +105,13 @@ def exchange(path: str, plugin: str, build: str, bundle: str, stdin: bytes) -> t
         reader = proto.Reader(sock)
         try:
             sock.settimeout(ready_timeout(os.environ))
-            proto.send(sock, proto.REQUEST, head, fds)
+            proto.send(sock, proto.REQUEST, head)  # no descriptor before READY (cni.agent.proto)
             proto.send(sock, proto.ENV, proto.encode_env(dict(os.environb)))
             proto.send(sock, proto.STDIN, stdin)
             kind, payload = reader.expect(proto.READY, proto.REFUSED)
             if kind == proto.REFUSED:
                 raise Unreachable(f"agent refused: {payload.decode(errors='replace')}")
-            proto.send(sock, proto.GO)
+            proto.send(sock, proto.GO, b"", fds)
         except (OSError, proto.ProtocolError) as e:
             raise Unreachable(_refusal(reader) or f"agent: {e}") from None
         return _answer(sock, reader)

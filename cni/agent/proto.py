@@ -4,19 +4,25 @@ imports this module on every plugin call).
 A frame is a 4-byte big-endian length, one kind byte, then the payload. One exchange per connection:
 
     shim                                             agent
-    REQUEST  fields: version, build, plugin, bundle, umask
-             + SCM_RIGHTS [netns, stderr, cwd]  ──>
+    REQUEST  fields: version, build, plugin, bundle, umask ──>
     ENV      "K=V" items (os.environb), NUL-joined ──>
     STDIN    the network configuration        ──>
                                                <──  READY, or REFUSED(reason): not executed, ever
-    GO                                        ──>
+    GO       + SCM_RIGHTS [netns, stderr, cwd(, pod netns)] ──>
                                                <──  ANSWER: exit code, NUL, stdout
                                                     (or REFUSED: GO came too late, not executed)
 
 The agent executes only after it has read GO, and says REFUSED only for a request it will never
 execute. So the shim may run a request in-process exactly when it has not sent GO or got REFUSED;
 once GO is sent, a lost connection means "maybe executed" and the shim reports code 11 instead of
-running it a second time (cni.agent.client)."""
+running it a second time (cni.agent.client).
+
+The caller's descriptors travel with GO, never before READY: a descriptor in flight is held by the
+receiving socket until the agent reads it, and a connection waiting in the backlog of an agent that
+does not accept (stopped: SIGSTOP, a frozen container) is never read. A shim that gave up on such an
+agent and ran the call in-process would otherwise leave its stderr open there, and the runtime, which
+reads the plugin's output until end of file, would wait for the agent, not for the plugin (issue 28);
+the namespace descriptors would keep a pod's namespace, and the devices in it, alive."""
 
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ import os
 import socket
 import struct
 
-VERSION = b"1"
+VERSION = b"2"
 REQUEST, ENV, STDIN, READY, REFUSED, GO, ANSWER = b"Q", b"E", b"I", b"R", b"N", b"G", b"A"
 KINDS = frozenset((REQUEST, ENV, STDIN, READY, REFUSED, GO, ANSWER))
 MAX_FRAME = 16 << 20  # a network configuration is kilobytes; anything near this is not ours
@@ -149,5 +155,25 @@ class Reader:
 def peer_uid(sock: socket.socket) -> int:
     """The uid of the process at the other end (SO_PEERCRED: pid, uid, gid as the kernel saw them at
     connect/listen time)."""
+    return peer(sock)[1]
+
+
+def peer(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end (SO_PEERCRED; pid 0: not in this pid namespace)."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
+    pid, uid, _ = struct.unpack("3i", creds)
+    return int(pid), int(uid)
+
+
+def stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP, a tracer: state T or t in /proc/<pid>/stat): it makes
+    no progress until it is resumed. False when it cannot be told (gone, not visible)."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    end = stat.rfind(b")")  # the state is the field after "(comm)", which may hold anything
+    return stat[end + 2 : end + 3] in (b"T", b"t")

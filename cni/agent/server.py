@@ -56,11 +56,20 @@ def read_job(reader: proto.Reader) -> Job:
         raise proto.ProtocolError(f"protocol version {version!r} (this agent speaks {proto.VERSION!r})")
     _, env = reader.expect(proto.ENV)
     _, stdin = reader.expect(proto.STDIN)
-    if len(reader.fds) not in (3, 4) or not umask.isdigit():
-        raise proto.ProtocolError("a request carries three descriptors (netns, stderr, cwd), the pod's "
-                                  "namespace when the caller opened it, and a umask")
+    if reader.fds or not umask.isdigit():
+        raise proto.ProtocolError("a request carries a umask, and no descriptor before GO")
     return Job(plugin.decode(), build.decode(), os.fsdecode(bundle), int(umask) & 0o777,
-               proto.decode_env(env), stdin, list(reader.fds))
+               proto.decode_env(env), stdin)
+
+
+def read_go(reader: proto.Reader, job: Job) -> None:
+    """GO and the caller's descriptors with it (netns, stderr, cwd, the pod's namespace when the caller
+    opened it) into `job.fds`."""
+    reader.expect(proto.GO)
+    if len(reader.fds) not in (3, 4):
+        raise proto.ProtocolError("GO carries three descriptors (netns, stderr, cwd) and the pod's "
+                                  "namespace when the caller opened it")
+    job.fds = list(reader.fds)
 
 
 def enter_caller(job: Job) -> None:
@@ -246,7 +255,7 @@ class Agent:
         proto.send(conn, proto.READY)
         conn.settimeout(GO_TIMEOUT)
         try:
-            reader.expect(proto.GO)
+            read_go(reader, job)
         except TimeoutError:
             self._refuse(conn, "go", "no GO in time")
             return

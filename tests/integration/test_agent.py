@@ -187,6 +187,35 @@ def test_stopped_agent_finishes_the_request_in_flight_then_calls_run_in_process(
     assert allocations(tmp_path) == []
 
 
+def test_a_stopped_agent_leaves_every_call_to_the_in_process_path(
+    topo: Topology, agent: Agent, tmp_path: Path
+) -> None:
+    """Issue 28: an agent frozen (SIGSTOP) while idle still has its socket, and the kernel still queues
+    connections in its backlog. ADD and DEL (macvlan with our whereabouts, local store) run in-process,
+    and each call's output ends when its plugin process does (a runtime reads it to end of file). The
+    shims are PATIENT (120 s for READY): they must see that the agent is stopped, not wait for it."""
+    cfg = conf(topo, tmp_path)
+    pod = topo.pod()
+    pool = ThreadPoolExecutor(1)
+    agent.signal(signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 30
+        while not proto.stopped(agent.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proto.stopped(agent.pid)
+        add = pool.submit(run, topo, agent, "ADD", cfg, pod, 0, tmp_path).result(timeout=60)
+        assert add.ok, add
+        assert topo.addrs(pod, "net1") == [add.out["ips"][0]["address"]]
+        assert allocations(tmp_path) == ["c0"]
+        gone = pool.submit(run, topo, agent, "DEL", cfg, pod, 0, tmp_path).result(timeout=60)
+        assert gone.ok, gone
+    finally:
+        agent.signal(signal.SIGCONT)
+        pool.shutdown()
+    assert agent.served("macvlan") == []
+    assert allocations(tmp_path) == [] and topo.link(pod, "net1") is None
+
+
 def test_restarted_agent_serves_again(topo: Topology, agent: Agent, tmp_path: Path) -> None:
     cfg = conf(topo, tmp_path)
     pod = topo.pod()

@@ -5,6 +5,7 @@ must answer code 11 instead (maybe executed)."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from cni.agent import client, proto
-from tests.agentutil import fake_agent
+from tests.agentutil import fake_agent, listener
+from tests.unit.helpers import until
 
 
 @pytest.fixture
@@ -119,6 +121,7 @@ def test_answer(tmp_path: Path) -> None:
     def script(conn: socket.socket, r: proto.Reader) -> None:
         proto.send(conn, proto.READY)
         r.expect(proto.GO)
+        assert len(r.fds) == 3  # netns, stderr, cwd: with GO
         proto.send(conn, proto.ANSWER, b"1\0{\"code\": 7}\n")
 
     t = fake_agent(tmp_path / "a.sock", script)
@@ -180,3 +183,21 @@ def test_the_shim_waits_for_ready_as_long_as_pycni_agent_timeout_says() -> None:
     assert ready_timeout({"PYCNI_AGENT_TIMEOUT": "30"}) == 30.0
     for bad in ("", "x", "0", "-1", "301", "nan"):
         assert ready_timeout({"PYCNI_AGENT_TIMEOUT": bad}) == READY_TIMEOUT, bad
+
+
+def test_a_stopped_agent_is_not_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection to a stopped agent (SIGSTOP: the kernel still queues connections in its backlog)
+    is given up at once, the agent's pid named, however long PYCNI_AGENT_TIMEOUT would wait for READY."""
+    sock = tmp_path / "a.sock"
+    agent = listener(sock)
+    try:
+        assert not proto.stopped(agent.pid)
+        agent.send_signal(signal.SIGSTOP)
+        assert until(lambda: proto.stopped(agent.pid))
+        monkeypatch.setenv(client.TIMEOUT_ENV, "300")
+        with pytest.raises(client.Unreachable, match=f"the agent \\(pid {agent.pid}\\) is stopped"):
+            call(sock)
+    finally:
+        agent.send_signal(signal.SIGCONT)
+        agent.kill()
+        agent.wait()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cni import jsonio
 from cni.agent import proto
-from tests.agentutil import fake_agent
+from tests.agentutil import fake_agent, listener
 from tests.nsutil import REPO
 from tests.unit.test_import_cost import modules
 
@@ -92,3 +92,19 @@ def test_refused_runs_in_process_exactly_as_with_the_agent_off(tmp_path: Path) -
     assert refused.returncode == off.returncode == none.returncode == 1
     assert refused.stdout == off.stdout == none.stdout
     assert jsonio.loads(off.stdout)["code"] == 3  # the in-process answer: no such network namespace
+
+
+def test_an_agent_that_never_accepts_keeps_nothing_of_the_caller(tmp_path: Path) -> None:
+    """Issue 28: the shim gives up waiting for READY and runs the call in-process; the runtime reads its
+    output until end of file, which comes when the shim exits: none of its descriptors (stderr above
+    all) was left in flight in the agent's backlog, where nobody would ever read or close it."""
+    sock = tmp_path / "a.sock"
+    hung = listener(sock)
+    try:
+        given_up = shim(sock, {**ADD, "PYCNI_AGENT_TIMEOUT": "0.2"})  # TimeoutExpired: a pipe held open
+        off = shim(sock, {**ADD, "PYCNI_AGENT": "off"})
+    finally:
+        hung.kill()
+        hung.wait()
+    assert given_up.returncode == off.returncode == 1
+    assert given_up.stdout == off.stdout and jsonio.loads(off.stdout)["code"] == 3

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -13,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from cni.agent import proto
 from cni.errors import CniError, Code, TryAgainError
 from ipam import batch, nodelock
 from ipam.allocator import SnapshotView, allocate
@@ -227,6 +231,50 @@ def test_node_lock_queues_holders_and_bounds_the_wait(tmp_path: Path) -> None:
             pass
     with nodelock.held(path, patience=0.05):  # released: free again
         pass
+
+
+def lock_holder(path: str) -> subprocess.Popen[bytes]:
+    """Another process holding the lock at `path` until its stdin closes (it said so on stdout)."""
+    code = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print('held', flush=True); sys.stdin.read()")
+    p = subprocess.Popen([sys.executable, "-c", code, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert p.stdout is not None and p.stdout.readline() == b"held\n"
+    return p
+
+
+def test_node_lock_held_by_a_stopped_process_is_not_waited_for(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28: an agent frozen (SIGSTOP) while it holds a pool's lock. A live holder without progress
+    is waited for up to `patience` (code 11 naming its pid); a stopped one not at all: the waiter runs
+    without the lock (None, as with an unusable lock directory; the compare-and-swap still decides),
+    in a plugin process (main thread: blocking flock) and in the agent's threads (polling)."""
+    path = nodelock.path_for(str(tmp_path / "locks"), "store", "node1", "pool")
+    with nodelock.held(path):
+        pass  # the lock file exists
+    holder = lock_holder(path)
+    try:
+        with pytest.raises(TryAgainError, match=f"held by pid {holder.pid} without progress"), \
+                nodelock.held(path, patience=0.05):  # fmt: skip
+            pass
+        holder.send_signal(signal.SIGSTOP)
+        assert until(lambda: proto.stopped(holder.pid))
+        with nodelock.held(path) as lock:  # the default patience: a wait would end in TryAgainError
+            assert lock is None
+        assert f"held by pid {holder.pid}, which is stopped: running without it" in capfd.readouterr().err
+        assert in_threads(1, lambda _: _held_is_none(path)) == [True]
+        holder.send_signal(signal.SIGCONT)
+    finally:
+        holder.send_signal(signal.SIGCONT)
+        holder.kill()
+        holder.wait()
+    with nodelock.held(path) as lock:  # released by its holder's end: held as usual
+        assert lock is not None
+
+
+def _held_is_none(path: str) -> bool:
+    with nodelock.held(path) as lock:
+        return lock is None
 
 
 def test_node_lock_paces_the_next_write_by_the_previous_ones_duration(tmp_path: Path) -> None:
