@@ -62,7 +62,7 @@ def test_kube_add_loads_only_the_stdlib_http_layer(tenant: Tenant, tmp_path: Pat
 
 
 def test_local_add_loads_nothing_of_the_client(tmp_path: Path) -> None:
-    mods = add(tmp_path, {"local_db": str(tmp_path / "ipam.db")}, "c2")
+    mods = add(tmp_path, {"datastore": "local", "local_db": str(tmp_path / "ipam.db")}, "c2")
     assert [
         m for m in mods if m.split(".")[0] in HEAVY or m.startswith(("ipam.kubeapi", "ipam.store.kube"))
     ] == []
