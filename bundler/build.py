@@ -90,7 +90,11 @@ def freeze(entry: Path, name: str, distpath: Path, workpath: Path,
            # no set or dict of strings iterated anywhere in PyInstaller or its hooks can order the output
            # differently per run (measured: no difference without it on 3.12, whose marshal sorts
            # frozenset constants; this keeps it so for whatever a new hook or PyInstaller does)
-           "PYTHONHASHSEED": "0", "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
+           "PYTHONHASHSEED": "0", "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH,
+           # PyInstaller's cache (processed binaries) of this build's own, not the user's ~/.cache one:
+           # two builds at once (two clones' `make test` on one machine) cleaned and rewrote each
+           # other's cache index there, and one read it half written
+           "PYINSTALLER_CONFIG_DIR": str(workpath / "pyinstaller-cache")}
     cmd = [sys.executable, "-m", "PyInstaller", "--noconfirm", "--clean", "--log-level", "WARN",
            "--distpath", str(distpath), "--workpath", str(workpath), str(REPO / "bundler" / "pycni.spec")]
     rc = subprocess.run(cmd, check=False, env=env, cwd=REPO).returncode
