@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import ssl
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -103,9 +104,11 @@ def test_a_missing_server_hostname_is_refused(servers: list[Server], certs: etcd
     """No name, no handshake: nothing is sent, the socket is closed (never a TLS session whose
     certificate was checked against no name)."""
     seen: list[bytes] = []
+    peeked = threading.Event()
 
     def peek(conn: socket.socket, _reqs: Requests) -> None:
         seen.append(conn.recv(1))  # b"": the client closed without a ClientHello
+        peeked.set()
 
     s = start(servers, peek)
     sock = tls.connect(b"127.0.0.1", s.port, 5.0)
@@ -113,6 +116,7 @@ def test_a_missing_server_hostname_is_refused(servers: list[Server], certs: etcd
         with pytest.raises(ValueError, match="no server hostname"):
             tls.wrap(tls.client_context(cafile=certs.ca), sock, empty)
         assert sock.fileno() == -1
+    assert peeked.wait(60)  # the server read the connection (closing it first would drop it unread)
     s.close()
     assert seen == [b""]
 
