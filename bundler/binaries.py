@@ -1,9 +1,18 @@
 """The bundle on the host: a versioned copy under <bin>/.pycni/<build>/, entries switched by renaming a
-new symlink over each name, the previous copy kept for a grace period, foreign files displaced (not lost)."""
+new symlink over each name, the previous copy kept for a grace period, foreign files displaced (not lost).
+
+Another installer writing the same names (the NVIDIA Network Operator's cni-plugins DaemonSet, a
+distribution package, the SR-IOV operator's sriov-cni copy) is never fought over a name
+(`settle_foreign`): a name is ours only while it is our symlink into .pycni/. A foreign file at a name
+pycni never held is taken over once (displaced, restored by --uninstall) only with --take-over; a
+foreign file at a name pycni held (someone wrote it after pycni did) is left alone for good. Either way
+the name is recorded in the state's `yielded` and logged with what to do; no later pass writes it
+again, until `--reclaim NAME` (with --once) says to take it back."""
 
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +44,49 @@ def entry_target(dirname: str, m: manifest.Manifest) -> str:
 
 def is_ours(link: Path) -> bool:
     return link.is_symlink() and os.readlink(link).startswith(f"{HOME}/")
+
+
+def describe(path: Path) -> str:
+    """What is at `path`, for a log line and the state file."""
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        return f"symlink to {os.readlink(path)}"
+    if stat.S_ISREG(st.st_mode):
+        return f"file of {st.st_size} bytes, mode {st.st_mode & 0o7777:04o}, modified {int(st.st_mtime)}"
+    return "not a regular file"
+
+
+def settle_foreign(bin_dir: Path, st: State, names: list[str], take_over: bool,
+                   reclaim: tuple[str, ...] = ()) -> list[str]:
+    """Decide, before anything is written, which of `names` pycni leaves to another installer (see the
+    module docstring); returns the names newly yielded. `reclaim`: names given back to pycni (their
+    foreign file is displaced like a take-over)."""
+    for name in reclaim:
+        if st.yielded.pop(name, None) is not None:
+            log.info("%s: reclaimed (--reclaim): the file there is kept under %s/%s and replaced",
+                     bin_dir / name, HOME, DISPLACED)
+    new: list[str] = []
+    for name in names:
+        link = bin_dir / name
+        if name in st.yielded or not (link.exists() or link.is_symlink()) or is_ours(link):
+            continue
+        if name in st.entries:
+            why = "written there after pycni had installed it: another installer writes this name"
+        elif take_over or name in reclaim:
+            continue  # switch() displaces it (kept, restored by --uninstall) and installs ours
+        else:
+            why = "there before pycni, which takes over a foreign file only with --take-over"
+        what = describe(link)
+        st.yielded[name] = what
+        if name in st.entries:
+            st.entries.remove(name)
+        new.append(name)
+        log.error("%s is not pycni's (%s; %s). pycni leaves it alone and does not serve the type %r on this "
+                  "node; it will not write this name again. To run both, install pycni with --prefix "
+                  "(NADs then name the prefixed type) or turn the other installer's copy of %s off, then "
+                  "give the name back with `pycni-install --once --reclaim %s` (the file is kept and put "
+                  "back by --uninstall)", link, what, why, name, name, name)
+    return new
 
 
 def healthy(bin_dir: Path, st: State, m: manifest.Manifest, names: list[str], full: bool) -> list[str]:
@@ -84,13 +136,14 @@ def fresh_dirname(bin_dir: Path, build: str) -> str:
 def displace(bin_dir: Path, name: str, st: State) -> None:
     """Keep a foreign file we are about to replace (hard link: no moment without it)."""
     link = bin_dir / name
-    if not (link.exists() or link.is_symlink()) or is_ours(link) or name in st.displaced:
+    if not (link.exists() or link.is_symlink()) or is_ours(link):
         return
     keep = bin_dir / HOME / DISPLACED / name
     keep.parent.mkdir(mode=0o755, exist_ok=True)
-    keep.unlink(missing_ok=True)
+    keep.unlink(missing_ok=True)  # a reclaimed name: the file replaced last is the one to put back
     os.link(link, keep, follow_symlinks=False)
-    st.displaced.append(name)
+    if name not in st.displaced:
+        st.displaced.append(name)
     log.info("keeping %s (not installed by pycni) as %s", link, keep)
 
 

@@ -20,6 +20,8 @@ class Options:
     prefix: str
     grace: float
     conf: HostConf
+    take_over: bool = False  # displace a foreign file at a name pycni never held (bundler.binaries)
+    reclaim: tuple[str, ...] = ()  # entry names given back to pycni (--once only)
 
 
 def default_source() -> Path:
@@ -37,6 +39,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--uninstall", action="store_true", help="remove exactly what was installed")
     ap.add_argument("--source", type=Path, default=None, help="cni-bin layout to install (default: own)")
     ap.add_argument("--prefix", default="", help="entry name prefix, to live beside upstream plugins")
+    ap.add_argument("--take-over", action="store_true",
+                    help="replace (and keep, for --uninstall) a foreign file at a name pycni has never held; "
+                         "a name another installer writes after pycni is left alone regardless")
+    ap.add_argument("--reclaim", action="append", default=[], metavar="NAME",
+                    help="with --once: take back an entry name left to another installer (repeatable)")
     ap.add_argument("--grace", type=float, default=600.0, help="seconds to keep the previous version")
     ap.add_argument("--interval", type=float, default=10.0, help="seconds between verify passes")
     ap.add_argument("--full-verify-every", type=int, default=6, help="full sha256 check every N passes")
@@ -58,6 +65,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         ap.error("--cni-bin-dir and --cni-conf-dir are required")
     if args.full_verify_every < 1 or args.interval <= 0 or args.grace < 0:
         ap.error("--interval > 0, --full-verify-every >= 1 and --grace >= 0 are required")
+    if args.reclaim and not args.once:
+        ap.error("--reclaim: only with --once (a running installer never takes a name back by itself)")
+    if any("/" in n or n.startswith(".") or not n for n in args.reclaim):
+        ap.error("--reclaim: an entry name in the CNI bin dir (no /, not starting with .)")
     if args.prefix and ("/" in args.prefix or args.prefix.startswith(".")):
         ap.error("--prefix: may not contain / or start with .")
     return args
@@ -94,4 +105,5 @@ def host_conf(args: argparse.Namespace) -> HostConf:
 def options(args: argparse.Namespace) -> Options:
     return Options(bin_dir=args.cni_bin_dir.absolute(), conf_dir=args.cni_conf_dir.absolute(),
                    source=(args.source or default_source()).absolute(), prefix=args.prefix,
-                   grace=args.grace, conf=host_conf(args))
+                   grace=args.grace, conf=host_conf(args), take_over=args.take_over,
+                   reclaim=tuple(args.reclaim))

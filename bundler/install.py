@@ -6,8 +6,10 @@ Installs the bundle into a versioned directory beside the plugins and switches e
 a new symlink over it; writes the IPAM flat file, a kubeconfig that follows the rotating service-account
 token (tokenFile), and the node name. Without --once it keeps running: re-verifies checksums, repairs what
 was removed or corrupted, refreshes the token copy, and reports ready (--ready-file) only after the first
-complete install. A restart never removes anything; --uninstall removes exactly what was installed (with
---once it then exits, without it keeps the node clean and reports ready until SIGTERM)."""
+complete install. A name another installer writes (the NVIDIA Network Operator's cni-plugins DaemonSet)
+is never fought over: see bundler.binaries.settle_foreign. A restart never removes anything; --uninstall
+removes exactly what was installed (with --once it then exits, without it keeps the node clean and
+reports ready until SIGTERM)."""
 
 from __future__ import annotations
 
@@ -58,6 +60,8 @@ def _install_bundle(o: Options, st: state.State, full: bool) -> bool:
     src = binaries.Source.open(o.source)
     m = src.manifest
     names = [o.prefix + p for p in m.plugins]
+    binaries.settle_foreign(o.bin_dir, st, names, o.take_over, o.reclaim)
+    names = [n for n in names if n not in st.yielded]
     bad = binaries.healthy(o.bin_dir, st, m, names, full)
     if not bad:
         return False
@@ -108,6 +112,13 @@ def _mkdirs(root: Path, d: Path, st: state.State) -> None:
             st.conf_dirs.append(str(cur.relative_to(root)))
 
 
+def remind(o: Options) -> None:
+    """At a start: the names left to another installer (state `yielded`), one warning each."""
+    for name, what in sorted(state.load(o.bin_dir).yielded.items()):
+        log.warning("%s is left to another installer (%s): pycni does not serve %r here; see "
+                    "--prefix and --reclaim in docs/network-operator.md", o.bin_dir / name, what, name)
+
+
 def uninstall(o: Options) -> None:
     if not (o.bin_dir / state.HOME).exists():
         log.debug("nothing to uninstall in %s", o.bin_dir)
@@ -140,8 +151,11 @@ def serve(o: Options, interval: float, full_every: int, ready_file: Path | None,
         try:
             if remove:
                 uninstall(o)
-            elif install_once(o, full=n % full_every == 0):
-                log.info("install pass %d changed the host", n)
+            else:
+                if install_once(o, full=n % full_every == 0):
+                    log.info("install pass %d changed the host", n)
+                if not ready:
+                    remind(o)
             if not ready and ready_file is not None:
                 fsutil.write_atomic(ready_file, b"ready\n", 0o644)
             ready = True
@@ -168,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.once:
             print("changed" if install_once(o) else "unchanged")
+            remind(o)
             return 0
     except Exception as e:
         log.error("%s", e)

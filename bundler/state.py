@@ -21,6 +21,8 @@ class State:
     build: str = ""
     entries: list[str] = field(default_factory=list)  # names in the bin dir that are ours
     displaced: list[str] = field(default_factory=list)  # foreign files we replaced, kept under DISPLACED
+    # names we leave to another installer (bundler.binaries.settle_foreign): name -> what was found there
+    yielded: dict[str, str] = field(default_factory=dict)
     retired: dict[str, float] = field(default_factory=dict)  # old bundle dir -> time it was retired
     conf_files: list[str] = field(default_factory=list)  # relative to the conf dir
     conf_dirs: list[str] = field(default_factory=list)  # directories we created there
@@ -32,6 +34,7 @@ class State:
             current=str(d.get("current", "")), build=str(d.get("build", "")),
             entries=[str(x) for x in d.get("entries", [])],
             displaced=[str(x) for x in d.get("displaced", [])],
+            yielded={str(k): str(v) for k, v in d.get("yielded", {}).items()},
             retired={str(k): float(v) for k, v in d.get("retired", {}).items()},
             conf_files=[str(x) for x in d.get("conf_files", [])],
             conf_dirs=[str(x) for x in d.get("conf_dirs", [])],
@@ -40,7 +43,8 @@ class State:
 
     def to_dict(self) -> dict[str, Any]:
         return {"current": self.current, "build": self.build, "entries": sorted(self.entries),
-                "displaced": sorted(self.displaced), "retired": dict(self.retired),
+                "displaced": sorted(self.displaced), "yielded": dict(sorted(self.yielded.items())),
+                "retired": dict(self.retired),
                 "conf_files": sorted(self.conf_files), "conf_dirs": list(self.conf_dirs),
                 "bin_dir_created": self.bin_dir_created}
 

@@ -92,7 +92,7 @@ def test_foreign_file_is_displaced_then_restored(host: tuple[Path, Path, Path]) 
     foreign.write_bytes(b"#!/bin/sh\necho upstream\n")
     foreign.chmod(0o755)
     inode = foreign.stat().st_ino
-    install.install_once(opts(bin_dir, conf_dir, src))
+    install.install_once(opts(bin_dir, conf_dir, src, "--take-over"))
     assert binaries.is_ours(foreign)
     install.uninstall(opts(bin_dir, conf_dir, src))
     assert not foreign.is_symlink() and foreign.stat().st_ino == inode
