@@ -31,7 +31,7 @@ from ipam import cli
 from ipam.config import from_dict
 from ipam.ranges import IPRange
 from ipam.store.names import pool_name, reservation_name
-from tests import kubeup
+from tests import kubeup, netop
 from tests.kubeapi import wbupstream
 from tests.kubeapi.wbupstream import ControlLoop, Implementation, cni_env
 from tests.logtee import PYTHONPATH
@@ -567,4 +567,46 @@ def test_side_data_never_follows_an_offset_upstream_gave_to_another_pod(
     assert node.call(node.ours, "ADD", c, cc, net) == ["198.51.100.130"]
     node.call(node.ours, "DEL", b, cb, net)
     node.call(node.upstream, "DEL", c, cc, net)
+    assert node.entries() == {} and node.tenant.reservations() == {}
+
+
+# ---- the NVIDIA Network Operator's whereabouts (< 25.10), left behind unmanaged --------------------
+
+
+def test_objects_left_by_the_network_operators_whereabouts_are_adopted_as_they_are(node: Node) -> None:
+    """Before v25.10 the Network Operator deployed upstream whereabouts; since, it leaves its IPPools and
+    reservations in place, unmanaged. The operator's rendered MacvlanNetwork NAD
+    (conf-examples/network-operator, cniVersion 0.3.1, ipam whitespace-stripped) served by upstream's
+    v0.9.4 binary, then by ours from the same NAD: the same IPPool object (its uid) is used, the entries
+    and reservations upstream wrote are read as they are (never rewritten), ours never hands their
+    addresses out, a repeated ADD of a pod upstream served keeps its address, ours' DEL releases it and
+    the reconciler frees what a pod deleted without DEL held."""
+    net = json.loads(netop.load(netop.DIR / "macvlannetwork-nad.yaml")["spec"]["config"])
+    assert net["cniVersion"] == "0.3.1" and net["ipam"]["type"] == "whereabouts"
+    ns = node.tenant.namespace
+    a, b, c = node.pod("a"), node.pod("b"), node.pod("c")
+    ca, cb, cc = cid(), cid(), cid()
+    assert node.call(node.upstream, "ADD", a, ca, net) == ["198.51.100.16"]  # .0/28 is excluded
+    assert node.call(node.upstream, "ADD", b, cb, net) == ["198.51.100.17"]
+    (left,) = node.tenant.objects("ippools")
+    reservations = {o["metadata"]["name"]: o for o in node.tenant.objects("overlappingrangeipreservations")}
+    assert set(reservations) == {"198.51.100.16", "198.51.100.17"}
+
+    # the operator upgraded: whereabouts gone, pycni installed; the NAD is unchanged
+    assert node.call(node.ours, "ADD", c, cc, net) == ["198.51.100.18"]
+    (pool,) = node.tenant.objects("ippools")
+    assert pool["metadata"]["uid"] == left["metadata"]["uid"], "the same IPPool object, adopted"
+    for key in ("16", "17"):
+        assert pool["spec"]["allocations"][key] == left["spec"]["allocations"][key], "read as it is"
+    now = {o["metadata"]["name"]: o for o in node.tenant.objects("overlappingrangeipreservations")}
+    for name, obj in reservations.items():
+        assert now[name]["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"], "untouched"
+
+    assert node.call(node.ours, "ADD", a, ca, net) == ["198.51.100.16"], "a repeated ADD keeps it"
+    node.call(node.ours, "DEL", a, ca, net)
+    node.tenant.delete_pod("b")  # its node went away: no DEL
+    assert "freeing" in node.reconcile()
+    assert node.entries() == {"198.51.100.0-24[18]": {"id": cc, "podref": f"{ns}/c", "ifname": "net1"}}
+    assert set(node.tenant.reservations()) == {"198.51.100.18"}
+    node.call(node.ours, "DEL", c, cc, net)
     assert node.entries() == {} and node.tenant.reservations() == {}
