@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from bundler import hostconf
 from cni.registry import resolve
@@ -110,3 +112,18 @@ def test_nad_config_loads_with_pycni_on_the_kubernetes_store(path: Path, tmp_pat
     for rng in loaded.ranges:
         net = ipaddress.ip_network(rng.cidr)
         assert any(net.subnet_of(a) for a in ALLOWED if a.version == net.version), net
+
+
+def test_the_doc_shows_the_example_and_what_the_operator_renders_from_it() -> None:
+    """docs/network-operator.md's MacvlanNetwork is conf-examples' (ipam compared as JSON) and the config
+    it shows is what the operator renders from it."""
+    doc = (netop.DIR.parent.parent / "docs" / "network-operator.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"```yaml\n(.*?)```", doc, re.S)
+    shown = yaml.safe_load(block)
+    example = netop.load(netop.DIR / "macvlannetwork.yaml")
+    assert json.loads(shown["spec"].pop("ipam")) == json.loads(example["spec"].pop("ipam"))
+    assert shown == example
+    config = re.search(r"renders .*?\n\n```\n(.*?)\n```", doc, re.S)
+    assert config is not None
+    rendered = netop.render(netop.load(netop.DIR / "macvlannetwork.yaml"))["spec"]["config"]
+    assert config.group(1) == rendered.strip()
