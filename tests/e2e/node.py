@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cni.agent.client import SOCKET_ENV
+from ipam.config import FLAT_FILES
 from tests import agentutil
 from tests.logtee import PYTHONPATH
 
@@ -33,6 +34,16 @@ CNI_CONF = "/etc/cni/net.d"
 def cni_conf_absent() -> str:
     """Why a node cannot have its own /etc/cni/net.d here ("" when it can)."""
     return "" if os.path.isdir(CNI_CONF) else f"{CNI_CONF} does not exist on this machine (a mount point)"
+
+
+def own_flat_file_impossible() -> str:
+    """Why a node cannot have its own IPAM flat file here ("" when it can): the IPAM looks at every
+    default location, and only /etc/cni/net.d is replaced by the node's own directory."""
+    reason = cni_conf_absent()
+    foreign = [p for p in FLAT_FILES if not p.startswith(f"{CNI_CONF}/") and os.path.lexists(p)]
+    if not reason and foreign:
+        reason = f"this machine has a flat file the test cannot hide: {foreign}"
+    return reason
 
 
 class Node:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ from typing import Any
 import pytest
 
 from bundler import hostconf
-from ipam.config import FLAT_FILES
 from ipam.store.names import pool_name, reservation_name
 from tests import kubeup, launch, netop
 from tests.devlab import NIC_PCI, VF_PCIS
@@ -33,7 +31,7 @@ from tests.e2e.multus import (
     pod_links,
     source_only,
 )
-from tests.e2e.node import cni_conf_absent
+from tests.e2e.node import own_flat_file_impossible
 from tests.nsutil import Topology
 
 RESOURCE = "k8s.v1.cni.cncf.io/resourceName"
@@ -54,11 +52,8 @@ def install_flat_file(conf_dir: Path, tenant: kubeup.Tenant) -> None:
 
 @pytest.fixture
 def netop_node(topo: Topology, tenant: kubeup.Tenant, tmp_path: Path) -> Iterator[MultusNode]:
-    if cni_conf_absent():
-        pytest.skip(cni_conf_absent())
-    foreign = [p for p in FLAT_FILES if not p.startswith("/etc/cni/net.d/") and os.path.lexists(p)]
-    if foreign:
-        pytest.skip(f"this machine has a flat file the test cannot hide: {foreign}")
+    if own_flat_file_impossible():
+        pytest.skip(own_flat_file_impossible())
     conf_dir = tmp_path / "etc-cni-net.d"
     with multus_node(topo, tenant, tmp_path, cni_conf_dir=conf_dir) as mn:
         install_flat_file(conf_dir, tenant)

@@ -27,7 +27,7 @@ from cni import jsonio
 from ipam.config import FLAT_FILES
 from tests import agentutil, kubeup
 from tests.e2e import bundle_driver
-from tests.e2e.node import Node, cni_conf_absent
+from tests.e2e.node import Node, own_flat_file_impossible
 from tests.nsutil import REPO, Call, Topology, plugin_command
 
 FLAT = "/etc/cni/net.d/whereabouts.d/whereabouts.conf"
@@ -88,12 +88,8 @@ class NodeView:
 
 @pytest.fixture
 def view(topo: Topology, tenant: kubeup.Tenant, tmp_path: Path) -> Iterator[NodeView]:
-    if cni_conf_absent():
-        pytest.skip(cni_conf_absent())
-    # the plugin looks at every default location; the view replaces /etc/cni/net.d only
-    foreign = [p for p in FLAT_FILES if not p.startswith("/etc/cni/net.d/") and os.path.lexists(p)]
-    if foreign:
-        pytest.skip(f"this machine has a flat file the test cannot hide: {foreign}")
+    if own_flat_file_impossible():
+        pytest.skip(own_flat_file_impossible())
     v = NodeView(topo, tenant, tmp_path)
     forwarder = kubeup.Forwarder(tenant.server, topo.host)  # the IPAM runs in topo.host
     try:
