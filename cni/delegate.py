@@ -44,10 +44,11 @@ def find(kind: str, path: tuple[str, ...]) -> str:
 
 
 def _in_process_module(kind: str, binary: str) -> str | None:
-    """Our own IPAM runs in-process when CNI_PATH resolves to this frozen bundle."""
-    from cni.registry import IN_PROCESS_IPAM
+    """Our own IPAM runs in-process when CNI_PATH resolves to this frozen bundle, also under the name
+    `pycni-install --prefix` gave it (`pycni-whereabouts`)."""
+    from cni.registry import IN_PROCESS_IPAM, resolve
 
-    module = IN_PROCESS_IPAM.get(kind)
+    module = IN_PROCESS_IPAM.get(kind) or IN_PROCESS_IPAM.get(resolve(kind) or "")
     bundle = CALLER_BUNDLE.get()
     if module is None or bundle is None:
         return None

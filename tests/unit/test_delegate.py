@@ -254,6 +254,36 @@ def test_in_process_when_the_binary_is_this_bundle(tmp_path: Path, monkeypatch: 
         delegate.CALLER_BUNDLE.reset(token)
 
 
+def test_in_process_under_the_installers_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pycni-install --prefix pycni-` installs the IPAM as `pycni-whereabouts`: still this bundle."""
+    binary = script(tmp_path, "pycni-whereabouts", "echo should-not-run; exit 1\n")
+    calls: list[Request] = []
+
+    def add(req: Request) -> Any:
+        calls.append(req)
+        return models.ipam_only()
+
+    mod = types.ModuleType("tests.unit.prefixedipam")
+    mod.add = add  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setitem(IN_PROCESS_IPAM, "whereabouts", mod.__name__)
+    token = delegate.CALLER_BUNDLE.set(str(binary))
+    try:
+        req = request((str(tmp_path),), ipam_type="pycni-whereabouts", version="0.4.0")
+        assert delegate.add(req) == models.ipam_only()
+        assert [c.command for c in calls] == ["ADD"]
+    finally:
+        delegate.CALLER_BUNDLE.reset(token)
+    other = ipam_printing(tmp_path / "other", RESULT_020, name="pycni-bogus")  # no registry name: executed
+    token = delegate.CALLER_BUNDLE.set(str(other))
+    try:
+        req = request((str(tmp_path / "other"),), ipam_type="pycni-bogus")
+        assert delegate.add(req) == models.ipam_only()
+        assert (tmp_path / "other" / "stdin.ADD").exists()
+    finally:
+        delegate.CALLER_BUNDLE.reset(token)
+
+
 def test_not_in_process_when_not_frozen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     binary = ipam_printing(tmp_path, RESULT_020, name="ouripam")
     monkeypatch.setitem(IN_PROCESS_IPAM, "ouripam", "tests.unit.nonexistent")
