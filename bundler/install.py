@@ -159,6 +159,7 @@ def serve(o: Options, interval: float, full_every: int, ready_file: Path | None,
             if not ready and ready_file is not None:
                 fsutil.write_atomic(ready_file, b"ready\n", 0o644)
             ready = True
+            log.debug("install pass %d done", n)
         except Exception as e:  # reported, retried next pass; readiness stays as it was
             log.error("install pass %d failed: %s", n, e)
         n += 1

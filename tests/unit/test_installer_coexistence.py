@@ -6,12 +6,20 @@ The other installer is a thread running a loop that writes its own files at its 
 rename, as an installer does), counting what it finds there before each write: a pycni symlink means
 pycni overwrote its file. The rounds are in lockstep with pycni's installer passes (`install_once`, the
 body of the installer's loop) through explicit hand-offs, then both run freely for a number of rounds
-each: the assertions hold for any interleaving (no count of race outcomes, no sleeps)."""
+each: the assertions hold for any interleaving (no count of race outcomes, no sleeps). Last, the
+installer's real loop in its own process (serve(), as the DaemonSet runs it): each round of the other
+installer waits for the installer's log to report a whole pass begun after the write."""
 
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
+import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +27,7 @@ import pytest
 from bundler import binaries, install, state
 from bundler.cli import parse
 from tests.bundle_layouts import FAKE_EXE, fake_layout, opts, snapshot
+from tests.logtee import PYTHONPATH
 
 pytestmark = pytest.mark.skipif(not FAKE_EXE.exists(), reason=f"{FAKE_EXE} (containernetworking-plugins)")
 
@@ -183,3 +192,56 @@ def test_reclaim_is_only_for_a_single_run() -> None:
         parse(["--cni-bin-dir", "/b", "--cni-conf-dir", "/c", "--reclaim", "macvlan"])
     with pytest.raises(SystemExit):
         parse(["--cni-bin-dir", "/b", "--cni-conf-dir", "/c", "--once", "--reclaim", "../macvlan"])
+
+
+def passes_done(log: Path) -> int:
+    """How many passes the running installer has finished (its `install pass N done` lines)."""
+    found = re.findall(r"install pass (\d+) done", log.read_text(errors="replace")) if log.exists() else []
+    return int(found[-1]) + 1 if found else 0
+
+
+def wait_for(what: str, ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Until the installer reports `what` (its log, its ready file); a hang guard, not a synchronisation."""
+    end = time.monotonic() + HANDOFF_TIMEOUT
+    while not ready():
+        assert proc.poll() is None, f"the installer exited waiting for {what}:\n{log.read_text()}"
+        assert time.monotonic() < end, f"no {what} from the installer:\n{log.read_text()}"
+        time.sleep(0.02)
+
+
+def test_the_running_installer_never_writes_back_what_another_installer_wrote(tmp_path: Path) -> None:
+    """The installer's own loop (`python -m bundler.install`, serve()), shipped options (--take-over),
+    installs first; then the other installer writes its names round after round, each round waiting
+    until the running installer has completed a whole pass begun after the write (its log says so)."""
+    src = fake_layout(tmp_path / "src", "0.0.1")
+    bin_dir, conf_dir, log, ready = (tmp_path / "opt-cni-bin", tmp_path / "conf", tmp_path / "installer.log",
+                                     tmp_path / "ready")
+    cmd = [sys.executable, "-m", "bundler.install", "--cni-bin-dir", str(bin_dir), "--cni-conf-dir",
+           str(conf_dir), "--source", str(src), "--node-name", "node-a", "--ipam-datastore", "local",
+           "--take-over", "--interval", "0.05", "--ready-file", str(ready), "--log-level", "debug"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=out, env={**os.environ, "PYTHONPATH": PYTHONPATH})
+    try:
+        wait_for("the ready file", ready.exists, proc, log)
+        assert all(binaries.is_ours(bin_dir / n) for n in ("macvlan", "host-device", "sriov"))
+        other = OtherInstaller(bin_dir, OPERATOR_NAMES, ROUNDS, lockstep=False)
+        for n in range(ROUNDS):
+            seen = passes_done(log)
+            other.write_round(n)
+            wait_for(f"pass {seen + 2}", lambda s=seen: passes_done(log) >= s + 2, proc, log)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(HANDOFF_TIMEOUT) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    shared = {"macvlan", "host-device", "sriov"}
+    # pycni's entries were there at its first round (pycni came first); never again after
+    assert sorted(other.overwritten) == sorted((0, n) for n in shared), other.overwritten
+    last_round_intact(other)
+    st = state.load(bin_dir)
+    assert set(st.yielded) == shared and binaries.is_ours(bin_dir / "whereabouts")
+    text = log.read_text()
+    for name in shared:
+        assert text.count(f"{bin_dir / name} is not pycni's") == 1, text
+    assert not ready.exists(), "SIGTERM removes the ready file"
