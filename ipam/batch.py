@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import _thread  # threading.Lock is _thread.allocate_lock; importing threading would cost every call
 import time
-from collections.abc import Callable, Hashable, Sequence, Set
+from collections.abc import Callable, Hashable, Sequence
 
 from cni import log, metrics
 from cni.types.valueclass import field, valueclass
-from ipam.model import Allocation, PoolUpdate, PoolView, Segment
+from ipam.decide import Changes
+from ipam.model import Allocation
 from ipam.ranges import IPRange
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
@@ -72,71 +73,7 @@ class Op:
     done: bool = False
 
 
-def _numeric(item: tuple[str, Allocation]) -> tuple[int, str]:
-    return len(item[0]), item[0]
-
-
-class BatchView:
-    """`base` with this batch's decisions applied. Offsets freed in the batch stay taken until the write
-    commits (a freed address is never handed out again by the same write)."""
-
-    def __init__(self, base: PoolView) -> None:
-        self.base = base
-        self.put: dict[str, Allocation] = {}
-        self.remove: set[str] = set()
-        self._held: set[int] = set()
-
-    @property
-    def name(self) -> str:
-        return self.base.name
-
-    @property
-    def range(self) -> str:
-        return self.base.range
-
-    @property
-    def version(self) -> str | None:
-        return self.base.version
-
-    def count(self) -> int:
-        return self.base.count() + len(self._held)
-
-    def owned(self, owner: Allocation, by_pod: bool = False) -> list[tuple[str, Allocation]]:
-        match = owner.same_pod_interface if by_pod else owner.same_attachment
-        changed = self.remove | self.put.keys()
-        out = [(k, a) for k, a in self.base.owned(owner, by_pod) if k not in changed]
-        out += [(k, a) for k, a in self.put.items() if match(a)]
-        return sorted(out, key=_numeric)
-
-    def lowest_free(self, segments: Sequence[Segment], blocked: Set[int]) -> int | None:
-        return self.base.lowest_free(segments, set(blocked) | self._held if self._held else blocked)
-
-    def apply(self, update: PoolUpdate) -> None:
-        for key in update.remove:
-            self.put.pop(key, None)
-            self.remove.add(key)
-            if key.isdigit():
-                self._held.add(int(key))
-        for key, owner in update.put.items():
-            self.remove.discard(key)
-            self.put[key] = owner
-            if key.isdigit():
-                self._held.add(int(key))
-
-    def hold(self, offset: int) -> None:
-        """`offset` is someone else's (a reservation): no op of this batch picks it."""
-        self._held.add(offset)
-
-    def update(self) -> PoolUpdate:
-        return PoolUpdate(put=dict(self.put), remove=frozenset(self.remove))
-
-    def mark(self) -> tuple[dict[str, Allocation], set[str], set[int]]:
-        """The decisions so far, for `restore`."""
-        return dict(self.put), set(self.remove), set(self._held)
-
-    def restore(self, mark: tuple[dict[str, Allocation], set[str], set[int]]) -> None:
-        """Back to the decisions of `mark` (those taken since are dropped)."""
-        self.put, self.remove, self._held = dict(mark[0]), set(mark[1]), set(mark[2])
+BatchView = Changes  # the pool plus a batch's decisions (ipam.decide)
 
 
 class Combiner:
