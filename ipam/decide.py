@@ -8,6 +8,9 @@ an executor (ipam.engine) wants at random, it draws and passes in as plain value
   it and, when refused, decides the Add again with the offset added to `blocked`, until a decision needs
   no claim that fails (a fixpoint: each refusal blocks one more offset, and the range is finite).
 - `Del`: one attachment's entries removed; its outcome is the entries freed.
+- `Remove`: entries picked by whoever judged them (CNI GC, the reconciler, `pycni-ipam release`),
+  removed where the pool still holds them exactly as judged (an entry taken over since stays); its
+  outcome is the entries freed.
 - Outcomes: `Took` (an address), `Full` (no free address: the executor's pool-exhausted error),
   `Displaced` (an Add answered before its write, decided again, whose address the pool now gives to
   another entry: nothing written), `Freed` (entries removed).
@@ -55,6 +58,11 @@ class Del:
 
 
 @valueclass
+class Remove:
+    entries: tuple[tuple[str, Allocation], ...]
+
+
+@valueclass
 class Took:
     """`kind`: "existing" (nothing to write), "takeover" (`previous` replaced in place) or "new"."""
 
@@ -84,7 +92,7 @@ class Freed:
         return [(int(k), a) for k, a in self.entries if k.isdigit()]
 
 
-type Op = Add | Del
+type Op = Add | Del | Remove
 type Outcome = Took | Full | Displaced | Freed
 
 
@@ -256,6 +264,10 @@ def one(
         owned = changes.owned(op.owner)
         changes.apply(PoolUpdate(remove=frozenset(k for k, _ in owned)))
         return Freed(tuple(owned))
+    if isinstance(op, Remove):
+        found = [(k, a) for k, a in op.entries if (k, a) in changes.owned(a)]  # still exactly as judged
+        changes.apply(PoolUpdate(remove=frozenset(k for k, _ in found)))
+        return Freed(tuple(found))
     if op.answered is not None:
         return _answered(changes, op, segments, lean)
     outcome = add(changes, op, segments, others)

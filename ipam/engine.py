@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 
 from cni import faults, log
 from cni.errors import CheckError, CniError, Code, TryAgainError
-from ipam import allocator, batch, decide, nodelock, nodequeue
+from ipam import allocator, batch, decide, nodelock, nodequeue, removal
 from ipam.allocator import SnapshotView
 from ipam.batch import BatchView, Claims, Op
 from ipam.config import IpamConfig
@@ -577,15 +577,15 @@ class Engine:
         self, rng: IPRange, doomed: Callable[[Allocation], bool], extras: Mapping[Attachment, Allocation]
     ) -> list[int]:
         """Remove every allocation `doomed` picks from one pool (GC: reads the whole pool), an entry
-        without extras judged by its reservation's (`extras`)."""
-        with self._atomic():
-            pool = self.store.get_pool(self.pool_name(rng))
-            if pool is None:
-                return []
-            remove = frozenset(k for k, a in pool.allocations.items() if doomed(joined(a, extras)))
-            if remove:
-                self.store.commit_pool(pool, PoolUpdate(remove=remove))
-            return [int(k) for k in remove if k.isdigit()]
+        without extras judged by its reservation's (`extras`): through the decision core, written with
+        compare-and-swap and retried (ipam.removal)."""
+
+        def pick(pool: Pool) -> list[tuple[str, Allocation]]:
+            return [(k, a) for k, a in pool.allocations.items() if doomed(joined(a, extras))]
+
+        name = self.pool_name(rng)
+        freed = removal.remove(self.store, name, pick, self.retry, f"GC in {rng.cidr}", atomic=self._atomic)
+        return [int(k) for k, _ in freed if k.isdigit()]
 
     # ---- CHECK / GC -------------------------------------------------------------------------------
 
@@ -629,7 +629,7 @@ class Engine:
         for rng in self.conf.ranges:
             self._settle(rng)
             try:
-                self._retrying(f"GC in {rng.cidr}", lambda rng=rng: self._release_where(rng, stale, extras))  # type: ignore[misc]
+                self._release_where(rng, stale, extras)
             except CniError as e:
                 errors.append(e)
         if self.conf.overlapping and owners:

@@ -289,3 +289,21 @@ def keys(o: decide.Outcome) -> object:
     if isinstance(o, Freed):
         return [k for k, _ in o.entries]
     return (o.offset, o.kind, o.claim) if isinstance(o, Took) else o
+
+
+@given(cases(), st.data())
+def test_remove_frees_exactly_the_picked_entries_still_as_judged(case: Case, data: st.DataObject) -> None:
+    """GC, the reconciler and `pycni-ipam release` pick entries; those the pool no longer holds as picked
+    (taken over, freed) stay untouched, the others go, nothing else does."""
+    segs, pool, _ = case
+    entries = list(pool.allocations.items())
+    picked = data.draw(st.lists(st.sampled_from(entries), unique=True) if entries else st.just([]))
+    changed = data.draw(st.lists(st.sampled_from(picked), unique=True) if picked else st.just([]))
+    judged = [
+        (k, a._replace(container_id="was-" + a.container_id) if (k, a) in changed else a) for k, a in picked
+    ]
+    decided = decide.decide(SnapshotView(pool), [decide.Remove(tuple(judged))], segs)
+    (out,) = decided.outcomes
+    still = [(k, a) for k, a in picked if (k, a) not in changed]
+    assert isinstance(out, Freed) and sorted(out.entries) == sorted(still)
+    assert after(pool, decided.update()) == {k: a for k, a in entries if (k, a) not in still}
