@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import _thread  # threading.Lock is _thread.allocate_lock; importing threading would cost every call
 import time
-from collections.abc import Callable, Hashable, Sequence, Set
+from collections.abc import Callable, Hashable, Sequence
 
 from cni import log, metrics
 from cni.types.valueclass import field, valueclass
-from ipam.model import Allocation, PoolUpdate, PoolView, Segment
+from ipam.decide import Changes
+from ipam.model import Allocation
 from ipam.ranges import IPRange
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
@@ -72,71 +73,7 @@ class Op:
     done: bool = False
 
 
-def _numeric(item: tuple[str, Allocation]) -> tuple[int, str]:
-    return len(item[0]), item[0]
-
-
-class BatchView:
-    """`base` with this batch's decisions applied. Offsets freed in the batch stay taken until the write
-    commits (a freed address is never handed out again by the same write)."""
-
-    def __init__(self, base: PoolView) -> None:
-        self.base = base
-        self.put: dict[str, Allocation] = {}
-        self.remove: set[str] = set()
-        self._held: set[int] = set()
-
-    @property
-    def name(self) -> str:
-        return self.base.name
-
-    @property
-    def range(self) -> str:
-        return self.base.range
-
-    @property
-    def version(self) -> str | None:
-        return self.base.version
-
-    def count(self) -> int:
-        return self.base.count() + len(self._held)
-
-    def owned(self, owner: Allocation, by_pod: bool = False) -> list[tuple[str, Allocation]]:
-        match = owner.same_pod_interface if by_pod else owner.same_attachment
-        changed = self.remove | self.put.keys()
-        out = [(k, a) for k, a in self.base.owned(owner, by_pod) if k not in changed]
-        out += [(k, a) for k, a in self.put.items() if match(a)]
-        return sorted(out, key=_numeric)
-
-    def lowest_free(self, segments: Sequence[Segment], blocked: Set[int]) -> int | None:
-        return self.base.lowest_free(segments, set(blocked) | self._held if self._held else blocked)
-
-    def apply(self, update: PoolUpdate) -> None:
-        for key in update.remove:
-            self.put.pop(key, None)
-            self.remove.add(key)
-            if key.isdigit():
-                self._held.add(int(key))
-        for key, owner in update.put.items():
-            self.remove.discard(key)
-            self.put[key] = owner
-            if key.isdigit():
-                self._held.add(int(key))
-
-    def hold(self, offset: int) -> None:
-        """`offset` is someone else's (a reservation): no op of this batch picks it."""
-        self._held.add(offset)
-
-    def update(self) -> PoolUpdate:
-        return PoolUpdate(put=dict(self.put), remove=frozenset(self.remove))
-
-    def mark(self) -> tuple[dict[str, Allocation], set[str], set[int]]:
-        """The decisions so far, for `restore`."""
-        return dict(self.put), set(self.remove), set(self._held)
-
-    def restore(self, mark: tuple[dict[str, Allocation], set[str], set[int]]) -> None:
-        """Back to the decisions of `mark` (those taken since are dropped)."""
-        self.put, self.remove, self._held = dict(mark[0]), set(mark[1]), set(mark[2])
+BatchView = Changes  # the pool plus a batch's decisions (ipam.decide)
 
 
 class Combiner:
@@ -151,10 +88,11 @@ class Combiner:
 
     `defer` (the agent's: DEFER; 0: off): batches run in a thread of the combiner's own (a caller may
     return before its write, so the write must not need the caller's thread or its store handle: the
-    `execute` a caller passes opens its own), started by the call that finds none running, so it has
-    that call's network namespace and directory (the agent's call threads take their caller's: the
-    store is reached as the plugin process would reach it); callers wait until their ops are answered
-    (`answer`) or done; the batch's thread takes arrivals with `more`."""
+    `execute` a caller passes opens its own), started by the call that finds none running. The agent's
+    call threads take their caller's network namespace and directory; the batch thread enters the
+    agent's own (`share(home=...)`, opened at its start-up) before it runs anything, so the store is
+    reached from the agent's namespace whichever call started it. Callers wait until their ops are
+    answered (`answer`) or done; the batch's thread takes arrivals with `more`."""
 
     def __init__(self, pace: float = 0.0, defer: float = 0.0, idle: float | None = None) -> None:
         self._turn = _thread.allocate_lock()  # held by the thread running a batch
@@ -242,8 +180,19 @@ class Combiner:
                 cv.wait()
 
     def _batches(self) -> None:
-        """The combiner's batch thread: batches until the queue is empty."""
+        """The combiner's batch thread: batches until the queue is empty, at home (`share`)."""
         cv = self._cv
+        try:
+            enter_home()
+        except OSError as e:  # nothing run yet: every queued op fails with it, said in the log
+            log.error("pool batch: cannot enter the agent's namespace and directory: %s", e.strerror)
+            with cv:
+                for op in self._queue:
+                    op.error, op.done = e, True
+                self._queue = []
+                self._running = False
+                cv.notify_all()
+            return
         while True:
             with cv:
                 if not self._queue:
@@ -381,8 +330,24 @@ def pace_gap(took: float, since: float, pace: float = PACE, longest: float = PAC
     return min(took * pace, longest) - since
 
 
+def enter_home() -> None:
+    """This thread into the agent's own network namespace and working directory (`share(home=...)`;
+    nothing without one): its own filesystem context first (unshare CLONE_FS), so that fchdir moves this
+    thread alone, as cni.agent.server enter_caller does for a call thread."""
+    fds = _Registry.home
+    if fds is None:
+        return
+    import os  # (the agent only: deferring)
+
+    net, cwd = fds
+    os.unshare(os.CLONE_FS)
+    os.fchdir(cwd)
+    os.setns(net, os.CLONE_NEWNET)
+
+
 class _Registry:
     enabled = False
+    home: tuple[int, int] | None = None  # the agent's network namespace and cwd, as open descriptors
     pace = 0.0
     defer = 0.0
     idle: float | None = None
@@ -391,11 +356,16 @@ class _Registry:
     combiners: dict[Hashable, Combiner] = {}
 
 
-def share(enabled: bool = True, pace: float = PACE, defer: float = 0.0, idle: float | None = None) -> None:
+def share(
+    enabled: bool = True, pace: float = PACE, defer: float = 0.0, idle: float | None = None,
+    home: tuple[int, int] | None = None,
+) -> None:  # fmt: skip
     """The agent turns this on once: concurrent calls of the process on one pool then share writes,
     paced by `pace`, answered early and written together for `defer` seconds where the engine allows,
-    a window ending after `idle` seconds without an arrival (default IDLE) (Combiner)."""
+    a window ending after `idle` seconds without an arrival (default IDLE) (Combiner); `home`: open
+    descriptors of the agent's network namespace and working directory, which batch threads enter."""
     _Registry.enabled, _Registry.pace, _Registry.defer, _Registry.idle = enabled, pace, defer, idle
+    _Registry.home = home if enabled else None
     if not enabled:
         with _Registry.lock:
             _Registry.combiners.clear()

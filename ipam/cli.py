@@ -25,8 +25,9 @@ from typing import Any, TextIO
 
 from cni import jsonio, metrics
 from cni.errors import CniError, ConfigError
-from ipam import config
-from ipam.model import Allocation, Attachment, Pool, PoolUpdate, by_attachment, joined
+from ipam import config, removal
+from ipam.model import Allocation, Attachment, Pool, by_attachment, joined
+from ipam.retry import Retry
 from ipam.store.base import Store
 from ipam.store.names import pool_name, reservation_name
 
@@ -198,7 +199,11 @@ def cmd_release(
     if not yes and ask(question + " [y/N] ").strip().lower() not in ("y", "yes"):
         out.write("nothing released\n")
         return 1
-    store.commit_pool(pool, PoolUpdate(remove=frozenset({key})))  # Conflict: it changed; the user retries
+    # through the decision core, compare-and-swap, retried: an entry taken over since is not released
+    freed = removal.remove(store, name, lambda _: [(key, owner)], Retry(), f"releasing {ip}", first=pool)
+    if not freed:
+        out.write(f"{ip} changed in {name} since it was read: nothing released\n")
+        return 1
     network_name = name[: -len(pool_name(pool.range)) - 1] if name != pool_name(pool.range) else ""
     res = store.get_reservation(reservation_name(ip, network_name))
     if res is not None and res.owner.same_attachment(owner):

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 
 from cni import faults, log
 from cni.errors import CheckError, CniError, Code, TryAgainError
-from ipam import allocator, batch, nodelock, nodequeue
+from ipam import allocator, batch, decide, nodelock, nodequeue, removal
 from ipam.allocator import SnapshotView
 from ipam.batch import BatchView, Claims, Op
 from ipam.config import IpamConfig
@@ -435,10 +435,10 @@ class Engine:
             try:
                 if op.kind == "add":
                     self._decide_add(op, changes, hot, snapshot)
-                else:
-                    owned = changes.owned(op.owner)  # the entries as stored (reservations follow them)
-                    changes.apply(PoolUpdate(remove=frozenset(k for k, _ in owned)))
-                    op.freed = [(int(k), held) for k, held in owned if k.isdigit()]
+                else:  # the entries as stored (reservations follow them)
+                    freed = decide.one(changes, decide.Del(op.owner), ())
+                    assert isinstance(freed, decide.Freed)
+                    op.freed = freed.offsets
             except (StoreUnavailable, Conflict):
                 raise
             except CniError as e:  # this op's own failure (pool exhausted, candidates keep going)
@@ -450,24 +450,29 @@ class Engine:
     def _decide_add(
         self, op: Op, changes: BatchView, hot: bool | None = None, snapshot: bool = False
     ) -> None:
-        # stores that serialise writers (exclusive()) never lose races: no spread there; a pool other
-        # nodes are racing on (`hot`): each candidate is the lowest free address after a random point
-        # of the range, so the nodes' writers stop meeting on the same few lowest addresses
+        """Decide an ADD through the core (ipam.decide) until it needs no claim that is refused: each
+        refused claim blocks that offset and the core decides again (a lost race: the batch's other ops
+        keep off it too). Stores that serialise writers (exclusive()) never lose races: the lowest free
+        address there; after lost races, one of the lowest few (`spread`); on a pool other nodes are
+        racing on (`hot`), the lowest free after a random point of the range, so the nodes' writers stop
+        meeting on the same few lowest addresses."""
         serial = self.store.serial
         if op.answered and op.offsets:  # answered before its write: it keeps that address, or nothing
             self._decide_answered(op, changes)
             return
+        segments = allocator.segments_as_offsets(op.rng)
         while True:
             scatter = not serial and hot is not None and (hot or op.claims.lost > 0)
             width = 1 if serial or scatter else spread(op.claims)
-            start = None
-            if scatter:
-                start = allocator.scatter(allocator.segments_as_offsets(op.rng), self.retry.rand())
-            decision = allocator.allocate(
-                op.rng, changes, op.owner, frozenset(op.claims.blocked), sorted(op.claims.mine.values()),
-                width, pick=lambda n: int(self.retry.rand() * n), start=start,
+            want = decide.Add(
+                op.owner, tuple(sorted(op.claims.mine.values())), frozenset(op.claims.blocked),
+                claims=op.overlapping, spread=width, pick=self.retry.rand() if width > 1 else 0.0,
+                start=decide.scatter(segments, self.retry.rand()) if scatter else None,
             )  # fmt: skip
-            if op.overlapping:
+            outcome = decide.add(changes, want, segments)
+            decision = allocator.decision(op.rng, changes, op.owner, outcome)  # ExhaustedError when full
+            assert isinstance(outcome, decide.Took)  # (decision() raised for any other)
+            if outcome.claim:
                 lost, blocked = op.claims.lost, len(op.claims.blocked)
                 try:
                     self.reservations.claim(op, decision, changes.version)
@@ -486,10 +491,7 @@ class Engine:
                         ) from None
                     continue
                 faults.point("store-reserve")  # tests: the address reserved, the pool not yet written
-            update = decision.update
-            if self.lean and update.put:  # the reservation claimed above holds the extras
-                update = PoolUpdate(put={k: a.bare() for k, a in update.put.items()}, remove=update.remove)
-            changes.apply(update)
+            decide.apply(changes, outcome, op.owner, self.lean)
             op.offsets = [decision.offset]
             return
 
@@ -499,15 +501,11 @@ class Engine:
         another entry (a writer that ignores reservations), the entry is not written: said in the log,
         the reservation still holds the address for the attachment that was told it."""
         want = op.offsets[0]
-        decision = allocator.allocate(op.rng, changes, op.owner, frozenset(), [want])
-        if decision.offset != want:
+        segments = allocator.segments_as_offsets(op.rng)
+        outcome = decide.one(changes, decide.Add(op.owner, answered=want), segments, self.lean)
+        if isinstance(outcome, decide.Displaced):
             log.error("%s %s: %s was answered, but pool %s now holds it for another entry: not written",
                       op.owner.container_id, op.owner.ifname, op.rng.address(want), changes.name)  # fmt: skip
-            return
-        update = decision.update
-        if self.lean and update.put:
-            update = PoolUpdate(put={k: a.bare() for k, a in update.put.items()}, remove=update.remove)
-        changes.apply(update)
 
     # ---- ADD --------------------------------------------------------------------------------------
 
@@ -579,15 +577,15 @@ class Engine:
         self, rng: IPRange, doomed: Callable[[Allocation], bool], extras: Mapping[Attachment, Allocation]
     ) -> list[int]:
         """Remove every allocation `doomed` picks from one pool (GC: reads the whole pool), an entry
-        without extras judged by its reservation's (`extras`)."""
-        with self._atomic():
-            pool = self.store.get_pool(self.pool_name(rng))
-            if pool is None:
-                return []
-            remove = frozenset(k for k, a in pool.allocations.items() if doomed(joined(a, extras)))
-            if remove:
-                self.store.commit_pool(pool, PoolUpdate(remove=remove))
-            return [int(k) for k in remove if k.isdigit()]
+        without extras judged by its reservation's (`extras`): through the decision core, written with
+        compare-and-swap and retried (ipam.removal)."""
+
+        def pick(pool: Pool) -> list[tuple[str, Allocation]]:
+            return [(k, a) for k, a in pool.allocations.items() if doomed(joined(a, extras))]
+
+        name = self.pool_name(rng)
+        freed = removal.remove(self.store, name, pick, self.retry, f"GC in {rng.cidr}", atomic=self._atomic)
+        return [int(k) for k, _ in freed if k.isdigit()]
 
     # ---- CHECK / GC -------------------------------------------------------------------------------
 
@@ -631,7 +629,7 @@ class Engine:
         for rng in self.conf.ranges:
             self._settle(rng)
             try:
-                self._retrying(f"GC in {rng.cidr}", lambda rng=rng: self._release_where(rng, stale, extras))  # type: ignore[misc]
+                self._release_where(rng, stale, extras)
             except CniError as e:
                 errors.append(e)
         if self.conf.overlapping and owners:

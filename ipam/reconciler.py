@@ -23,14 +23,15 @@ from dataclasses import dataclass, field
 
 from cni import log, metrics
 from cni.errors import CniError
-from ipam.model import Allocation, Pool, PoolUpdate, Reservation, joined
+from ipam import removal
+from ipam.model import Allocation, Pool, Reservation, joined
 from ipam.podsource import PodInfo, PodSource, PodSourceError
 from ipam.ranges import usable_bounds
+from ipam.retry import Retry
 from ipam.store.base import Conflict, Store
 from ipam.store.names import network_name_of, reservation_address
 
 CACHE = 4096
-CAS_TRIES = 5
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,10 @@ class Reconciler:
         dry_run: bool = False,
         on_finding: Callable[[Finding], None] = lambda f: None,
         cache: int = CACHE,
+        retry: Retry | None = None,
     ) -> None:
         self.store, self.pods, self.dry_run, self.on_finding = store, pods, dry_run, on_finding
+        self.retry = retry or Retry()
         self._cache: OrderedDict[tuple[str, str], PodInfo | None] = OrderedDict()
         self._cache_size = cache
         # every pool seen in this run: (name, network_name, range); one line per pool, not per address
@@ -146,23 +149,16 @@ class Reconciler:
         metrics.sink().pool(metrics.STORE.get(), pool.name, len(pool.allocations) - freed, size)
 
     def _release(self, pool: Pool, doomed: dict[str, Allocation], report: Report) -> int:
-        for _ in range(CAS_TRIES):
-            remove = frozenset(k for k, a in doomed.items() if pool.allocations.get(k) == a)
-            report.skipped += len(doomed) - len(remove)
-            doomed = {k: doomed[k] for k in remove}
-            if not remove:
-                return 0
-            try:
-                self.store.commit_pool(pool, PoolUpdate(remove=remove))
-                return len(remove)
-            except Conflict:
-                metrics.conflict("pool")
-                fresh = self.store.get_pool(pool.name)
-                if fresh is None:
-                    return 0
-                pool = fresh
-        report.errors.append(f"pool {pool.name}: gave up after {CAS_TRIES} conflicts")
-        return 0
+        """Remove the `doomed` entries still exactly as judged (through the decision core, compare-and-swap,
+        conflicts retried: ipam.removal); the others are skipped (changed meanwhile)."""
+        try:
+            freed = removal.remove(self.store, pool.name, lambda _: doomed.items(), self.retry,
+                                   f"releasing in pool {pool.name}", first=pool)  # fmt: skip
+        except CniError as e:
+            report.errors.append(f"pool {pool.name}: {e.msg}")
+            return 0
+        report.skipped += len(doomed) - len(freed)
+        return len(freed)
 
     def _holder(self, res: Reservation) -> tuple[Pool, str, Allocation] | None:
         """The pool entry that holds the address reservation `res` names, read afresh (pools seen in

@@ -109,8 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     from cni.registry import LAZY_MODULES
     from ipam.store.handles import keep_warm
 
+    # the agent's own network namespace and directory, for the threads that write pools after the call
+    # that started them returned (ipam.batch): not inherited from whichever call thread that was
+    home = (os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC),
+            os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))  # fmt: skip
     # every plugin, tool, IPAM and store module; cluster store connections outlive a request
-    warm(LAZY_MODULES, hooks=(lambda: keep_warm(defer=args.defer_writes, idle=args.defer_idle),))
+    warm(LAZY_MODULES, hooks=(lambda: keep_warm(defer=args.defer_writes, idle=args.defer_idle, home=home),))
     agent = Agent(args.socket, build_id(), max_inflight=args.max_inflight)
     try:
         agent.bind()

@@ -30,13 +30,16 @@ class _Cache:
     idle: dict[StoreConfig, list[tuple[float, float, Store]]] = {}  # conf -> [(opened, last used, handle)]
 
 
-def keep_warm(enabled: bool = True, defer: float = 0.0, idle: float | None = None) -> None:
+def keep_warm(
+    enabled: bool = True, defer: float = 0.0, idle: float | None = None, home: tuple[int, int] | None = None
+) -> None:
     """The agent calls this once at start-up; plugin processes never do. Concurrent calls on one pool
     then also share its writes, deferred by `defer` seconds where the engine allows, a window ending
-    after `idle` seconds without a call (ipam.batch.share)."""
+    after `idle` seconds without a call, run by threads that enter `home` (open descriptors of the
+    agent's network namespace and working directory) (ipam.batch.share)."""
     from ipam import batch
 
-    batch.share(enabled, defer=defer, idle=idle)
+    batch.share(enabled, defer=defer, idle=idle, home=home)
     _Cache.enabled = enabled
     if not enabled:
         clear()
