@@ -28,6 +28,7 @@ class Code:
     ROLLBACK_INCOMPLETE = 106
     SLICE_FULL = 107  # IPAM node slices: this node's slice has no free address
     NO_SLICE = 108  # IPAM node slices: no slice for this node, and none free to assign
+    ADDRESS_TAKEN = 109  # IPAM: a requested address is held by another attachment (the holder named)
     INTERNAL = 999
 
 
@@ -120,6 +121,12 @@ class CheckError(CniError):
     """CHECK found the attachment differs from prevResult."""
 
     code = Code.CHECK_FAILED
+
+
+class AddressTakenError(CniError):
+    """A requested address is held by another attachment (the message names the holder)."""
+
+    code = Code.ADDRESS_TAKEN
 
 
 class ExhaustedError(CniError):

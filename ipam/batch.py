@@ -48,6 +48,7 @@ class Claims:
     created: dict[str, str] = field(default_factory=dict)  # reservations made by this op: name -> version
     mine: dict[str, int] = field(default_factory=dict)  # their offsets: name -> offset
     lost: int = 0  # candidates found reserved by someone else on this network
+    holders: dict[int, Allocation] = field(default_factory=dict)  # blocked offsets: who reserved them
 
 
 @valueclass(frozen=False)
@@ -58,6 +59,7 @@ class Op:
     overlapping: bool
     claims: Claims = field(default_factory=Claims)
     offsets: list[int] = field(default_factory=list)  # add: [the address]
+    want: int | None = None  # add: the requested address (ipam.requested): exactly it, or an error
     freed: list[tuple[int, Allocation]] = field(default_factory=list)  # del: offsets and entries freed
     # del: entries a write whose answer was lost (it may have been applied) freed: released after the
     # batch's write like `freed`, though the retry may no longer find them in the pool

@@ -13,15 +13,19 @@ an executor (ipam.engine) wants at random, it draws and passes in as plain value
   outcome is the entries freed.
 - Outcomes: `Took` (an address), `Full` (no free address: the executor's pool-exhausted error),
   `Displaced` (an Add answered before its write, decided again, whose address the pool now gives to
-  another entry: nothing written), `Freed` (entries removed).
+  another entry: nothing written), `Freed` (entries removed), `Taken` (a requested offset another entry
+  holds or that is blocked: the executor's code 109 naming the holder), `Elsewhere` (a request from an
+  attachment that holds another offset).
 
 Rules: the same attachment keeps its entry ("existing"); the same pod and interface with a new container
 id takes its entry over ("takeover"); else the lowest free offset of the range's segments that is not
 blocked ("new"), or with `spread` > 1 one of the `spread` lowest (picked by `pick`), or with `start` the
-lowest at or after that point of the range, wrapping around. Offsets decided or freed earlier in the same
-batch are taken for the rest of it, as are the offsets other Adds of the batch reserved. `lean` (the
-Kubernetes store with overlapping ranges): entries are written without pycni's extras, which their
-reservations carry (ipam.model.Allocation.bare).
+lowest at or after that point of the range, wrapping around. An Add with `want` (a requested address,
+ipam.requested) takes exactly that offset: its own entry there ("existing"), its pod interface's entry
+there ("takeover"), else the offset if free and not blocked ("new"), else Taken. Offsets decided or
+freed earlier in the same batch are taken for the rest of it, as are the offsets other Adds of the batch
+reserved. `lean` (the Kubernetes store with overlapping ranges): entries are written without pycni's
+extras, which their reservations carry (ipam.model.Allocation.bare).
 
 A view is the PoolView protocol (ipam.model): `SnapshotView` over a loaded pool, or a store's own
 indexed answer (the local store). Within a segment [lo, hi] the taken offsets are sorted and distinct,
@@ -50,6 +54,7 @@ class Add:
     spread: int = 1
     pick: float = 0.0
     start: int | None = None
+    want: int | None = None  # a requested address (ipam.requested): exactly this offset, or Taken
 
 
 @valueclass
@@ -83,6 +88,23 @@ class Displaced:
 
 
 @valueclass
+class Taken:
+    """A requested offset held by another entry of the pool (`holder`), or blocked (holder None: a
+    refused claim, another op of the batch): nothing written."""
+
+    offset: int
+    holder: Allocation | None = None
+
+
+@valueclass
+class Elsewhere:
+    """A request for `want` from an attachment that already holds `offset` in the pool."""
+
+    offset: int
+    want: int
+
+
+@valueclass
 class Freed:
     entries: tuple[tuple[str, Allocation], ...] = ()
 
@@ -93,7 +115,7 @@ class Freed:
 
 
 type Op = Add | Del | Remove
-type Outcome = Took | Full | Displaced | Freed
+type Outcome = Took | Full | Displaced | Freed | Taken | Elsewhere
 
 
 # ---- views --------------------------------------------------------------------------------------------
@@ -162,6 +184,9 @@ class SnapshotView:
                 return candidate
             segs = after(segs, candidate)
 
+    def holder(self, offset: int) -> Allocation | None:
+        return self.pool.allocations.get(str(offset))
+
 
 class Changes:
     """`base` with a batch's decisions applied. Offsets freed in the batch stay taken until the write
@@ -197,6 +222,12 @@ class Changes:
 
     def lowest_free(self, segments: Sequence[Segment], blocked: Set[int]) -> int | None:
         return self.base.lowest_free(segments, set(blocked) | self._held if self._held else blocked)
+
+    def holder(self, offset: int) -> Allocation | None:
+        key = str(offset)
+        if key in self.put:
+            return self.put[key]
+        return None if key in self.remove else self.base.holder(offset)
 
     def apply(self, update: PoolUpdate) -> None:
         for key in update.remove:
@@ -278,15 +309,22 @@ def one(
 
 def add(view: PoolView, op: Add, segments: Sequence[Segment], others: Set[int] = frozenset()) -> Outcome:
     """The address `op` gets in `view` (nothing applied)."""
-    owner = op.owner
+    owner, want = op.owner, op.want
     mine = view.owned(owner)
     if mine:
+        if want is not None and int(mine[0][0]) != want:
+            return Elsewhere(int(mine[0][0]), want)
         return Took(int(mine[0][0]), "existing", _claim(op, int(mine[0][0])))
     old = view.owned(owner, by_pod=True) if owner.podref else []
+    old = [(k, a) for k, a in old if want is None or k == str(want)]  # a request moves no other entry
     if old:
         key, prev = old[0]
         return Took(int(key), "takeover", _claim(op, int(key)), prev)
     blocked = op.blocked | others if others else op.blocked
+    if want is not None:
+        if want in blocked or view.lowest_free([(want, want)], blocked) != want:
+            return Taken(want, view.holder(want))
+        return Took(want, "new", _claim(op, want))
     for want in op.reserved:
         free = want not in blocked and view.lowest_free([(want, want)], blocked) == want
         if free and inside(segments, want):

@@ -464,19 +464,26 @@ class Engine:
         while True:
             scatter = not serial and hot is not None and (hot or op.claims.lost > 0)
             width = 1 if serial or scatter else spread(op.claims)
+            if op.want is not None and op.want in op.claims.holders:  # refused by its reservation before
+                raise allocator.taken(op.rng, op.want, op.claims.holders[op.want],
+                                      f"reservation {self.reservation_name(op.rng, op.want)}")  # fmt: skip
             want = decide.Add(
                 op.owner, tuple(sorted(op.claims.mine.values())), frozenset(op.claims.blocked),
                 claims=op.overlapping, spread=width, pick=self.retry.rand() if width > 1 else 0.0,
-                start=decide.scatter(segments, self.retry.rand()) if scatter else None,
+                start=decide.scatter(segments, self.retry.rand()) if scatter else None, want=op.want,
             )  # fmt: skip
             outcome = decide.add(changes, want, segments)
-            decision = allocator.decision(op.rng, changes, op.owner, outcome)  # ExhaustedError when full
+            decision = allocator.decision(op.rng, changes, op.owner, outcome)  # full, or a request refused
             assert isinstance(outcome, decide.Took)  # (decision() raised for any other)
             if outcome.claim:
                 lost, blocked = op.claims.lost, len(op.claims.blocked)
                 try:
                     self.reservations.claim(op, decision, changes.version)
                 except Again:
+                    holder = op.claims.holders.get(decision.offset)
+                    if op.want is not None and holder is not None:  # reserved for another attachment
+                        name = self.reservation_name(op.rng, op.want)
+                        raise allocator.taken(op.rng, op.want, holder, f"reservation {name}") from None
                     if snapshot and op.claims.lost > lost:
                         raise _Stale() from None  # reserved after the snapshot was taken: read the pool
                     if op.claims.lost > lost:
@@ -509,12 +516,14 @@ class Engine:
 
     # ---- ADD --------------------------------------------------------------------------------------
 
-    def add(self, owner: Allocation) -> list[tuple[IPRange, int]]:
-        """One address per range; on failure the ranges already done are released again."""
+    def add(self, owner: Allocation, want: Mapping[int, int] | None = None) -> list[tuple[IPRange, int]]:
+        """One address per range (`want`: the requested offset of a range, by its index in conf.ranges:
+        exactly that one, ipam.requested); on failure the ranges already done are released again."""
         done: list[tuple[IPRange, int]] = []
+        want = want or {}
         try:
-            for rng in self.conf.ranges:
-                done.append((rng, self._add_range(rng, owner)))
+            for i, rng in enumerate(self.conf.ranges):
+                done.append((rng, self._add_range(rng, owner, want.get(i))))
         except BaseException:
             for rng, _ in reversed(done):
                 try:
@@ -524,8 +533,8 @@ class Engine:
             raise
         return done
 
-    def _add_range(self, rng: IPRange, owner: Allocation) -> int:
-        op = Op("add", rng, owner, self.conf.overlapping)
+    def _add_range(self, rng: IPRange, owner: Allocation, want: int | None = None) -> int:
+        op = Op("add", rng, owner, self.conf.overlapping, want=want)
         keep = ""
         try:
             self._run([op])
@@ -594,8 +603,10 @@ class Engine:
         if self.defers and batch.sharing():
             batch.combiner((self.identity, self.pool_name(rng))).settle()
 
-    def check(self, owner: Allocation) -> None:
-        for rng in self.conf.ranges:
+    def check(self, owner: Allocation, want: Mapping[int, int] | None = None) -> None:
+        """The attachment's entry (and reservation) in every range; `want` (ipam.requested): at exactly
+        the requested offset of a range, by its index."""
+        for i, rng in enumerate(self.conf.ranges):
             self._settle(rng)
             with self._atomic():
                 hit = allocator.find(self._view(rng), owner)
@@ -603,6 +614,11 @@ class Engine:
                 raise CheckError(
                     f"no allocation for container {owner.container_id} {owner.ifname} in "
                     f"pool {self.pool_name(rng)}"
+                )
+            if want and i in want and int(hit[0]) != want[i]:
+                raise CheckError(
+                    f"container {owner.container_id} {owner.ifname} holds {rng.address(int(hit[0]))}, "
+                    f"not the requested {rng.address(want[i])}"
                 )
             if self.conf.overlapping:
                 res = self.store.get_reservation(self.reservation_name(rng, int(hit[0])))

@@ -155,3 +155,7 @@ class PoolView(Protocol):
     def lowest_free(self, segments: Sequence[Segment], blocked: Set[int]) -> int | None:
         """The lowest offset in `segments` (ascending) that is neither allocated nor in `blocked`."""
         ...
+
+    def holder(self, offset: int) -> Allocation | None:
+        """Who holds `offset` in the pool (None: nobody, or no entry to name)."""
+        ...

@@ -188,7 +188,7 @@ def _load(path: str) -> list[Op] | None:
 
 def _request(op: Op) -> dict[str, Any]:
     r = op.rng
-    return {"kind": op.kind, "owner": list(op.owner), "overlapping": op.overlapping,
+    return {"kind": op.kind, "owner": list(op.owner), "overlapping": op.overlapping, "want": op.want,
             "rng": {"network": str(r.network), "start": r.start, "end": r.end,
                     "excludes": [str(x) for x in r.excludes], "segments": [list(s) for s in r.segments],
                     "prefixlen": r.prefixlen, "pool": r.pool}}  # fmt: skip
@@ -201,7 +201,9 @@ def _op(doc: dict[str, Any]) -> Op:
         tuple(ipaddress.ip_network(x) for x in r["excludes"]),
         tuple((int(lo), int(hi)) for lo, hi in r["segments"]), int(r["prefixlen"]), str(r["pool"]),
     )  # fmt: skip
-    return Op(str(doc["kind"]), rng, Allocation(*map(str, doc["owner"])), bool(doc["overlapping"]))
+    want = doc.get("want")
+    return Op(str(doc["kind"]), rng, Allocation(*map(str, doc["owner"])), bool(doc["overlapping"]),
+              want=None if want is None else int(want))  # fmt: skip
 
 
 def _outcome(op: Op) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import time
 
 from cni import log
 from cni.errors import CniError, Code, ConfigError
+from cni.types import fields as f
 from cni.types.valueclass import replace
 from ipam import slices
 from ipam.config import IpamConfig
@@ -143,3 +144,27 @@ def _checked(cidr: str, obj: dict[str, Any], name: str, node: str, conf: IpamCon
             f"/{size} slice of {conf.ranges[0].cidr} (it slices {have[0]!r} by {have[1]!r})",
         )
     return cidr
+
+
+def requested_in_slice(
+    conf: IpamConfig, mine: IpamConfig, store: Store, cni_name: str, node: str, address: f.IPAddress,
+    path: str,
+) -> None:  # fmt: skip
+    """A requested address (valid for the whole range) must lie in this node's slice (`mine`): else
+    code 7 naming the slice it lies in and the node that slice is assigned to (the NodeSlicePool)."""
+    slice_range = mine.ranges[0]
+    if address in slice_range.network:
+        return
+    holder, cidr = "", ""
+    obj = retrying(Retry(), f"reading NodeSlicePool {pool_name_of(conf, cni_name)}",
+                   lambda: api_for(store).get(pool_name_of(conf, cni_name)))  # fmt: skip
+    for owner, text in allocations(obj) if obj is not None else []:
+        net = slices.fits(text, conf.ranges[0], slice_range.network.prefixlen)
+        if net is not None and address in net:
+            holder, cidr = owner, text
+            break
+    whose = f"node slice {cidr} of node {holder}" if holder else f"node slice {cidr}, assigned to no node"
+    raise ConfigError(
+        f"{path}: {address} is in {whose}, not in this node's ({node}: {slice_range.cidr})",
+        "with node_slice_size a requested address must lie in the slice of the node the pod runs on",
+    )

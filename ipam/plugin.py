@@ -11,7 +11,7 @@ from cni import log, metrics, spec
 from cni.errors import CheckError, ConfigError, ExhaustedError, NotAvailableError, TryAgainError
 from cni.types.netconf import Request
 from cni.types.result import IPConfig, Result
-from ipam import config
+from ipam import config, requested
 from ipam.config import IpamConfig
 from ipam.engine import Engine
 from ipam.model import Allocation
@@ -99,10 +99,14 @@ def check_version_fits(conf: IpamConfig, version: str) -> None:
 def add(req: Request) -> Result:
     conf = load(req)
     check_version_fits(conf, req.version)
+    want = requested.wanted(req)
+    placed = requested.place(conf.ranges, conf.gateway, want) if want else {}
     who = owner(req)
     with engine(conf, req, assign=True) as e:
+        if want and conf.node_slice_size:
+            placed = in_slice(conf, e, req, who, want)
         try:
-            got = e.add(who)
+            got = e.add(who, placed)
         except ExhaustedError as err:
             if not conf.node_slice_size:
                 raise
@@ -117,6 +121,19 @@ def add(req: Request) -> Result:
         ", ".join(str(r.address(o)) for r, o in got),
     )
     return result(conf, got)
+
+
+def in_slice(
+    conf: IpamConfig, e: Engine, req: Request, who: Allocation, want: tuple[requested.Wanted, ...]
+) -> dict[int, int]:
+    """Node slices: the requested addresses placed in this node's slice (ipam.nodeslice), each one
+    first checked to lie in it (else code 7 naming whose slice it is in)."""
+    from ipam import nodeslice
+
+    for w in want:
+        if w.address.version == e.conf.ranges[0].version:
+            nodeslice.requested_in_slice(conf, e.conf, e.store, req.name, who.node, w.address, w.path)
+    return requested.place(e.conf.ranges, conf.gateway, want)
 
 
 def load_to_release(req: Request) -> IpamConfig | None:
@@ -142,10 +159,11 @@ def delete(req: Request) -> None:
 
 def check(req: Request) -> None:
     conf = load(req)
+    want = requested.wanted(req)
     with engine(conf, req) as e:
         if conf.node_slice_size and not e.conf.ranges:
             raise CheckError(f"node {node_name(req, req.conf.get('ipam') or {})} has no node slice")
-        e.check(owner(req))
+        e.check(owner(req), requested.place(e.conf.ranges, conf.gateway, want) if want else None)
 
 
 def status(req: Request) -> None:

@@ -67,6 +67,7 @@ class Reservations:
                 claims.created[name] = version
         elif decision.kind == "new":
             claims.blocked.add(decision.offset)
+            claims.holders[decision.offset] = res.owner
             same_network = bool(res.owner.network) and res.owner.network == owner.network
             if same_network or newer(res.version, pool_version):
                 claims.lost += 1  # a racer (a reservation older than the pool we read: a steady block)

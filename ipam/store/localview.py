@@ -79,6 +79,12 @@ class LocalView:
                 return free
         return None
 
+    def holder(self, offset: int) -> Allocation | None:
+        row = self.conn.execute(
+            f"SELECT {OWNER} FROM allocations WHERE pool = ? AND num = ?", (self._name, pad(offset))
+        ).fetchone()
+        return None if row is None else Allocation._make(row)
+
     def _scan(self, start: int, hi: int, blocked: Set[int]) -> tuple[int | None, int]:
         """(lowest free offset in [start, hi] not blocked, lowest offset >= start not allocated)."""
         expected, untaken = start, None

@@ -134,6 +134,47 @@ def test_macvlan_whereabouts_and_host_device_in_one_pod(mnode: MultusNode) -> No
         assert mn.caches() == []
 
 
+def test_requested_ips_through_multus(mnode: MultusNode) -> None:
+    """conf-examples/kubernetes/macvlan-requested-ips.yaml as shipped (the `ips` capability): a pod whose
+    network selection element asks for an address gets exactly it (and network-status says so); a second
+    pod asking for the same address fails cleanly, naming the holder (code 109 from the IPAM), leaves
+    nothing behind, and the first keeps it; a pod asking for nothing gets another address."""
+    mn, topo, tenant = mnode, mnode.lab.topo, mnode.tenant
+    ns = tenant.namespace
+    doc = nad("macvlan-requested-ips.yaml", ns, tenant.node, master=topo.add_uplink("st"))
+    assert nad_config(doc)["capabilities"] == {"ips": True}
+    mn.create_nad(doc)
+    ipam = nad_config(doc)["ipam"]
+    want = "198.51.100.77/24"
+    ask = json.dumps([{"name": "static-macvlan", "ips": [want]}])
+
+    first = mn.pod("static-a", ask)
+    add = mn.run("add", first)
+    assert add.ok, (add.out, add.stderr, mn.log_tail())
+    assert topo.addrs(first.netns, "net1") == [want]
+    status = {s["interface"]: s for s in mn.network_status(first)}
+    assert status["net1"]["name"] == f"{ns}/static-macvlan" and status["net1"]["ips"] == ["198.51.100.77"]
+
+    second = mn.pod("static-b", ask)
+    add = mn.run("add", second)
+    assert not add.ok and add.out is not None, (add.out, add.stderr)
+    held = f"requested address 198.51.100.77 is held by pod {ns}/static-a (container {first.sandbox} net1)"
+    assert held in add.out["msg"], (add.out, mn.log_tail())
+    assert pod_links(topo, second.netns) == {}, "Multus rolled the pod's attachments back"
+    pools, reservations = entries(mn)
+    assert list(pools[pool_name(ipam["range"])]) == ["77"] and list(reservations) == ["198.51.100.77"]
+    assert reservations["198.51.100.77"]["podref"] == f"{ns}/static-a"
+    assert mn.run("del", second).ok  # the runtime's DEL after the failed ADD: nothing of it to release
+    assert entries(mn) == (pools, reservations)
+
+    third = mn.pod("static-c", "static-macvlan")
+    add = mn.run("add", third)
+    assert add.ok, (add.out, add.stderr, mn.log_tail())
+    assert topo.addrs(third.netns, "net1") == [first_free(ipam)] != [want]
+    for pod in (first, third):
+        assert mn.run("del", pod).ok
+    assert entries(mn) == ({}, {})
+
 
 
 @source_only

@@ -570,6 +570,33 @@ def test_side_data_never_follows_an_offset_upstream_gave_to_another_pod(
     assert node.entries() == {} and node.tenant.reservations() == {}
 
 
+def test_upstream_never_hands_out_a_requested_address_and_ours_names_upstreams_holder(node: Node) -> None:
+    """Requested addresses (ipam.requested) in a mixed pool: ours takes the requested address (pool entry
+    and reservation), upstream's ADDs into the same pool and into an overlapping range pass over it, the
+    reconciler keeps it for its live pod and frees it once the pod is gone, and a request for an address
+    upstream holds is code 109 naming upstream's pod."""
+    net, wide = nad("net-a", range="198.51.100.0/29"), nad("net-w", range="198.51.100.0/28")
+    a, b, c, d = node.pod("a"), node.pod("b"), node.pod("c"), node.pod("d")
+    ca = cid()
+    assert node.call(node.ours, "ADD", a, ca, {**net, "runtimeConfig": {"ips": ["198.51.100.1"]}}) == [
+        "198.51.100.1"
+    ]
+    assert node.call(node.upstream, "ADD", b, cid(), net) == ["198.51.100.2"]
+    assert node.call(node.upstream, "ADD", c, cid(), wide) == ["198.51.100.3"]  # .1 and .2 reserved
+    node.reconcile()
+    assert node.tenant.reservations()["198.51.100.1"]["podref"] == f"{node.tenant.namespace}/a"
+    env = cni_env("ADD", cid(), "net1", f"{node.tenant.namespace}/d", d.uid, node.name)
+    before = (node.entries(), node.tenant.reservations())
+    rc, out = node.ours.call(env, {**net, "args": {"cni": {"ips": ["198.51.100.2"]}}})
+    assert rc == 1 and out["code"] == 109, out
+    assert out["msg"].startswith(f"requested address 198.51.100.2 is held by pod {node.tenant.namespace}/b")
+    assert (node.entries(), node.tenant.reservations()) == before
+    node.tenant.delete_pod("a")  # gone without its DEL: the reconciler frees it like any other address
+    node.reconcile()
+    assert "198.51.100.1" not in node.tenant.reservations()
+    assert "198.51.100.0-29[1]" not in node.entries() and "198.51.100.0-29[2]" in node.entries()
+
+
 # ---- the NVIDIA Network Operator's whereabouts (< 25.10), left behind unmanaged --------------------
 
 

@@ -361,3 +361,33 @@ def test_reconciler_judges_a_lean_slice_pools_entries_by_their_reservations(site
     left = tenant.pools()[name]
     assert {v["id"] for v in left.values()} == {cids["p1"], takeover["id"]}
     assert {r["containerid"] for r in tenant.reservations().values()} == {cids["p1"], cids["p4"]}
+
+
+def test_a_requested_address_must_lie_in_this_nodes_slice(site: Site) -> None:
+    """Requested addresses (ipam.requested) with node slices: taken in this node's slice, code 109 for
+    the next pod there asking for it, code 7 naming the slice and its node (or none) for an address of
+    another slice, and the slice's own network address refused; no failed ADD leaves anything."""
+    conf = net("slices-req", range="198.51.100.0/24", node_slice_size="/26")
+    one, two = site.node("one", create=False), site.node("two", create=False)
+
+    def ask(ip: str) -> dict[str, Any]:
+        return {**conf, "runtimeConfig": {"ips": [ip]}}
+
+    assert site.add(site.ours, ask("198.51.100.20/24"), one, "a", cid()) == "198.51.100.20/24"
+    assert site.add(site.ours, conf, two, "b", cid()) == "198.51.100.65/24"
+    before = (site.tenant.pools(), site.tenant.reservations())
+    rc, out = site.call(site.ours, "ADD", ask("198.51.100.20"), one, "c", cid())
+    assert rc == 1 and out["code"] == Code.ADDRESS_TAKEN == 109, out
+    assert out["msg"].startswith(f"requested address 198.51.100.20 is held by pod {site.ns}/a (container ")
+    rc, out = site.call(site.ours, "ADD", ask("198.51.100.70"), one, "c", cid())
+    assert rc == 1 and out["code"] == Code.INVALID_CONFIG, out
+    assert out["msg"] == (
+        f"runtimeConfig.ips[0]: 198.51.100.70 is in node slice 198.51.100.64/26 of node {two}, "
+        f"not in this node's ({one}: 198.51.100.0/26)"
+    )
+    rc, out = site.call(site.ours, "ADD", ask("198.51.100.130"), one, "c", cid())
+    assert rc == 1 and "node slice 198.51.100.128/26, assigned to no node" in out["msg"], out
+    rc, out = site.call(site.ours, "ADD", ask("198.51.100.64"), two, "d", cid())
+    assert rc == 1 and out["code"] == Code.INVALID_CONFIG, out
+    assert "198.51.100.64 is the network address of node slice 198.51.100.64/26" in out["msg"], out
+    assert (site.tenant.pools(), site.tenant.reservations()) == before

@@ -21,7 +21,7 @@ def ranges() -> list[Op]:
     conf = from_dict({"datastore": "local", "ipRanges": [
         {"range": "198.51.100.0/24", "range_start": "198.51.100.10", "exclude": ["198.51.100.32/28"]},
         {"range": "2001:db8::/120"}]})  # fmt: skip
-    return [Op("add", conf.ranges[0], A, True), Op("del", conf.ranges[1], A, False)]
+    return [Op("add", conf.ranges[0], A, True, want=11), Op("del", conf.ranges[1], A, False)]
 
 
 def test_a_request_round_trips_and_its_outcome_comes_back(tmp_path: Path) -> None:
@@ -30,9 +30,10 @@ def test_a_request_round_trips_and_its_outcome_comes_back(tmp_path: Path) -> Non
     mine = nodequeue.publish(lock, [Op("add", ranges()[0].rng, B, True)])
     assert theirs is not None and mine is not None
     taken = nodequeue.take(mine, 128)
-    assert [(op.kind, op.rng, op.owner, op.overlapping) for op in taken.ops] == [
-        (op.kind, op.rng, op.owner, op.overlapping) for op in theirs.ops
+    assert [(op.kind, op.rng, op.owner, op.overlapping, op.want) for op in taken.ops] == [
+        (op.kind, op.rng, op.owner, op.overlapping, op.want) for op in theirs.ops
     ]
+    assert [op.want for op in taken.ops] == [11, None]  # a requested address (ipam.requested) travels
     add, rel = taken.ops
     created, mine_ = {"198.51.100.11": "7"}, {"198.51.100.11": 11}
     add.offsets, add.claims.created, add.claims.mine, add.done = [11], dict(created), dict(mine_), True

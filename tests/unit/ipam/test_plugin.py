@@ -142,6 +142,35 @@ def test_bad_config_is_code_7_naming_the_field(conf: dict[str, Any]) -> None:
     assert rc == 1 and out["code"] == 7 and out["msg"].startswith("ipam.exclude[1]:")
 
 
+def test_requested_addresses_from_runtime_config_and_cni_args(conf: dict[str, Any]) -> None:
+    """The local store through skel: exactly the requested address (the other family allocated), code
+    109 naming the holder for a second pod (nothing of it written), DEL frees it, code 7 for one the
+    config cannot give."""
+    asked = {**conf, "runtimeConfig": {"ips": ["198.51.100.77/24"]}}
+    rc, out = call("ADD", asked)
+    assert rc == 0, out
+    assert [ip["address"] for ip in out["ips"]] == ["198.51.100.77/24", "2001:db8::1/64"]
+    assert call("ADD", asked)[1] == out
+    assert call("CHECK", {**asked, "prevResult": out})[0] == 0
+    rc, err = call("CHECK", {**asked, "prevResult": out, "runtimeConfig": {"ips": ["198.51.100.78"]}})
+    assert rc == 1 and err["code"] == 105 and "not the requested 198.51.100.78" in err["msg"], err
+    other = "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-b;IP=198.51.100.77"
+    rc, err = call("ADD", conf, cid="c2", args=other)
+    assert rc == 1 and err["code"] == 109
+    assert err["msg"] == "requested address 198.51.100.77 is held by pod ns/pod-a (container c1 net1)"
+    rc, out = call("ADD", conf, cid="c3", args="K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-c")
+    assert [ip["address"] for ip in out["ips"]] == ["198.51.100.2/24", "2001:db8::2/64"]  # pod-b left none
+    assert call("DEL", asked)[0] == 0
+    rc, out = call("ADD", conf, cid="c2", args=other)
+    assert rc == 0 and out["ips"][0]["address"] == "198.51.100.77/24"
+    rc, err = call("ADD", {**conf, "runtimeConfig": {"ips": ["198.51.100.1"]}}, cid="c4")
+    assert rc == 1 and err["code"] == 7
+    assert err["msg"] == (
+        "runtimeConfig.ips[0]: 198.51.100.1 is the gateway: not allocatable in range 198.51.100.0/24 "
+        "198.51.100.1-198.51.100.254"
+    )
+
+
 def test_unreachable_store_is_11_on_add_and_del_and_50_on_status(
     conf: dict[str, Any], tmp_path: Path
 ) -> None:
