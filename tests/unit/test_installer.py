@@ -118,6 +118,37 @@ def test_uninstall_leaves_the_directories_as_they_were(host: tuple[Path, Path, P
     assert (snapshot(bin_dir), snapshot(conf_dir)) == (before_bin, before_conf)
 
 
+def test_an_upstream_whereabouts_node_is_given_back_as_it_was(host: tuple[Path, Path, Path],
+                                                                tmp_path: Path) -> None:
+    """A node migrating from upstream whereabouts: its installer's binary, flat file and kubeconfig (an
+    inline token, 0600) are replaced by ours, kept, and `--uninstall` (the rollback) puts back each of
+    them, so upstream's binary finds its own flat file again."""
+    src, bin_dir, conf_dir = host
+    (bin_dir / "whereabouts").write_bytes(b"upstream whereabouts")
+    wb = conf_dir / "whereabouts.d"
+    wb.mkdir()
+    (wb / "whereabouts.conf").write_bytes(b'{"datastore": "kubernetes"}')
+    (wb / "whereabouts.kubeconfig").write_bytes(b"users: [{user: {token: upstream-secret}}]")
+    for f in wb.iterdir():
+        f.chmod(0o600)
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_bytes(b"tok-1")
+    ca.write_bytes(b"CA")
+    kube = ("--ipam-datastore", "kubernetes", "--kube-server", "https://[2001:db8::1]:6443",
+            "--token-file", str(token), "--ca-file", str(ca))
+    before_bin, before_conf = snapshot(bin_dir), snapshot(conf_dir)
+    install.install_once(opts(bin_dir, conf_dir, src, *kube))
+    assert b"upstream-secret" not in (wb / "whereabouts.kubeconfig").read_bytes()
+    assert jsonio.loads((wb / "whereabouts.conf").read_bytes())["configuration_path"] == str(wb)
+    kept = bin_dir / ".pycni" / "displaced-conf" / "whereabouts.d" / "whereabouts.kubeconfig"
+    assert kept.read_bytes() == b"users: [{user: {token: upstream-secret}}]"
+    assert kept.stat().st_mode & 0o777 == 0o600
+    install.install_once(opts(bin_dir, conf_dir, src, *kube))  # a restart keeps what it kept
+    assert kept.read_bytes() == b"users: [{user: {token: upstream-secret}}]"
+    install.uninstall(opts(bin_dir, conf_dir, src, *kube))
+    assert (snapshot(bin_dir), snapshot(conf_dir)) == (before_bin, before_conf)
+
+
 def test_uninstall_removes_a_bin_dir_it_created(tmp_path: Path) -> None:
     src = fake_layout(tmp_path / "src")
     bin_dir, conf_dir = tmp_path / "new" / "bin", tmp_path / "new" / "conf"
