@@ -45,7 +45,7 @@ class Installed:
     cluster: kubenode.Cluster
     tag: str
     overlay: Path
-    before: dict[str, dict[str, tuple[str, ...]]]  # the node's CNI dirs before the install (snapshot)
+    before: dict[str, dict[str, tuple[str, ...]]]  # the node's CNI dirs before the last install
 
 
 @pytest.fixture(scope="package")
