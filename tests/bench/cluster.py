@@ -26,12 +26,16 @@ Implementations, each in a fresh namespace, one after the other on the same clus
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
+import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +77,107 @@ def pool_size(node: kubenode.Cluster) -> int:
     return sum(len(p["spec"].get("allocations") or {}) for p in pools if p["metadata"]["name"] == POOL)
 
 
+# containerd's own log lines (info level) for a pod's sandbox: the kubelet's RunPodSandbox asked (it runs the
+# CNI ADD through Multus) and returned
+SANDBOX = re.compile(r'^time="([^"]+)" level=\w+ msg="RunPodSandbox for &PodSandboxMetadata\{Name:([^,]+),'
+                     r'Uid:[^,]*,Namespace:([^,]+),[^"]*?( returns[^"]*)?"', re.M)
+
+
+def when(stamp: str) -> float:
+    """containerd's RFC 3339 time (nanoseconds) as epoch seconds."""
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    t = datetime.datetime.fromisoformat(head).replace(tzinfo=datetime.UTC).timestamp()
+    return t + float("0." + (frac or "0"))
+
+
+def sandbox_phases(node: kubenode.Cluster, ns: str, since: int, t0: float) -> dict[str, list[float]]:
+    """From containerd's log after byte `since`: per pod of `ns`, when the kubelet asked for its sandbox
+    (seconds after t0, the apply) and how long the set-up took (the CNI ADD through Multus and every
+    network, plus creating the sandbox container)."""
+    with (node.dir / "containerd.log").open("rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    start: dict[str, float] = {}
+    asked, took = [], []
+    for m in SANDBOX.finditer(text):
+        stamp, name, pod_ns, ret = m.groups()
+        if pod_ns != ns:
+            continue
+        if ret is None:
+            start.setdefault(name, when(stamp))
+        elif name in start:
+            asked.append(start[name] - t0)
+            took.append(when(stamp) - start[name])
+    return {"asked": asked, "took": took}
+
+
+# Multus's verbose log: one "Add:" line per delegate once it answered (1 s resolution), the cluster network
+# (eth0) first, then the NADs' networks in order
+MULTUS_ADD = re.compile(r"^(\S+) \[verbose\] Add: ([^:]+):([^:]+):[^:]*:\S+?\(\S+?\):(\S+) ", re.M)
+
+
+def secondary_seconds(node: kubenode.Cluster, ns: str, since: int) -> list[float]:
+    """Per pod of `ns`: from Multus's line for the cluster network to its line for the last secondary
+    network (the secondary delegates' ADDs one after the other, and Multus between them)."""
+    with (node.cni_conf_dir.parent / "multus.log").open("rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for m in MULTUS_ADD.finditer(text):
+        stamp, pod_ns, name, ifname = m.groups()
+        if pod_ns != ns:
+            continue
+        t = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        if ifname == "eth0":
+            first[name] = t
+        else:
+            last[name] = max(t, last.get(name, t))
+    return [last[n] - first[n] for n in last if n in first]
+
+
+API_REQUEST = re.compile(r'^apiserver_request_total\{([^}]*)\} (\S+)$', re.M)
+
+
+def api_requests(node: kubenode.Cluster) -> dict[str, float]:
+    """{"VERB resource": requests} the API server has answered so far (its own metrics)."""
+    out: dict[str, float] = {}
+    for m in API_REQUEST.finditer(node.kubectl("get", "--raw", "/metrics").stdout):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        key = f"{labels.get('verb', '')} {labels.get('resource', '')}"
+        out[key] = out.get(key, 0.0) + float(m.group(2))
+    return out
+
+
+def agent_seconds(node: kubenode.Cluster) -> dict[str, tuple[float, float]]:
+    """{plugin ADD: (calls, seconds)} the agent on the node's address served (empty without an agent)."""
+    url = f"http://{node.env['NODE_IP']}:9736/metrics"
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, tuple[float, float]] = {}
+    for kind in ("count", "sum"):
+        for m in re.finditer(rf'^pycni_attach_duration_seconds_{kind}\{{command="ADD",plugin="([\w-]+)"\}} '
+                             r"(\S+)$", text, re.M):
+            calls, secs = out.get(m.group(1), (0.0, 0.0))
+            out[m.group(1)] = (float(m.group(2)), secs) if kind == "count" else (calls, float(m.group(2)))
+    return out
+
+
+def failure_kinds(events: list[dict[str, Any]]) -> dict[str, int]:
+    """Failed sandboxes by what failed: the words after Multus's "[ns/pod/uid]: " (e.g. "error waiting for
+    pod", Multus' own GET of the pod timing out) or after the plugin's name."""
+    out: dict[str, int] = {}
+    for e in events:
+        msg = e.get("message", "")
+        tail = re.split(r"\]: |failed \((?:add|delete)\): ", msg)[-1]
+        kind = f"{e.get('reason')}: {tail.split(':')[0][:60]}"
+        out[kind] = out.get(kind, 0) + int(e.get("count", 1))
+    return out
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -91,7 +196,11 @@ def run(impl: str, node: kubenode.Cluster, n: int, m: int, master: str, work: Pa
         nets = ",".join(f"bench-{i}" for i in range(m))
         names = [f"p{j}" for j in range(n)]
         docs = [pod(name, ns, nets) for name in names]
-        start = time.monotonic()
+        log_at = (node.dir / "containerd.log").stat().st_size
+        multus_at = (node.cni_conf_dir.parent / "multus.log").stat().st_size
+        served = agent_seconds(node)
+        requests = api_requests(node)
+        start, wall = time.monotonic(), time.time()
         node.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
         running: dict[str, float] = {}
         deadline = start + TIMEOUT
@@ -105,6 +214,13 @@ def run(impl: str, node: kubenode.Cluster, n: int, m: int, master: str, work: Pa
         events = node.get("-n", ns, "events")["items"]
         failed = [e for e in events if e.get("reason") in ("FailedCreatePodSandBox", "FailedKillPod")]
         held = pool_size(node)
+        phases = sandbox_phases(node, ns, log_at, wall)
+        secondary = secondary_seconds(node, ns, multus_at)
+        after = agent_seconds(node)
+        now = api_requests(node)
+        made = {k: v - requests.get(k, 0.0) for k, v in now.items() if v - requests.get(k, 0.0) >= 1}
+        in_agent = {k: (c - served.get(k, (0, 0))[0], t - served.get(k, (0, 0))[1])
+                    for k, (c, t) in after.items()}
         start = time.monotonic()
         node.kubectl("-n", ns, "delete", "pods", "--all", "--wait=false")
         gone = released = float("nan")
@@ -123,8 +239,18 @@ def run(impl: str, node: kubenode.Cluster, n: int, m: int, master: str, work: Pa
         return {"impl": impl, "pods": n, "networks": m, "all_running_s": all_running,
                 "p50_s": pct(per_pod, 0.5), "p99_s": pct(per_pod, 0.99), "not_running": n - len(running),
                 "held_at_running": held, "all_gone_s": gone, "pool_empty_s": released,
-                "failure_events": len(failed),
-                "failure_samples": [e.get("message", "")[:300] for e in failed[:3]]}
+                "failure_events": sum(int(e.get("count", 1)) for e in failed),
+                "sandbox_asked_p50_s": pct(phases["asked"], 0.5),
+                "sandbox_asked_p99_s": pct(phases["asked"], 0.99),
+                "sandbox_setup_p50_s": pct(phases["took"], 0.5),
+                "sandbox_setup_p99_s": pct(phases["took"], 0.99),
+                "secondary_p50_s": pct(secondary, 0.5), "secondary_p99_s": pct(secondary, 0.99),
+                "api_requests": round(sum(made.values())),
+                "api_requests_top": dict(sorted(made.items(), key=lambda kv: -kv[1])[:8]),
+                "agent_add_mean_s": {k: t / c for k, (c, t) in in_agent.items() if c},
+                "load_avg": os.getloadavg(),
+                "failure_kinds": failure_kinds(failed),
+                "failure_samples": [e.get("message", "")[-300:] for e in failed[:3]]}
     finally:  # pods a failed run left (a DEL that keeps failing) must not hold the namespace: forced
         node.kubectl("-n", ns, "delete", "pods", "--all", "--force", "--grace-period=0", check=False)
         node.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=300s", check=False, timeout=400)
@@ -155,10 +281,16 @@ def upstream_binaries(node: kubenode.Cluster) -> None:
 
 def table(results: list[dict[str, Any]]) -> str:
     head = ("| implementation | pods x networks | all Running (s) | p50 / p99 per pod (s) | addresses held | "
-            "all gone (s) | pool empty (s) | failures |\n|---|---|---|---|---|---|---|---|\n")
+            "all gone (s) | pool empty (s) | failures | sandbox asked p50 / p99 (s) | "
+            "sandbox set-up p50 / p99 (s) | secondary networks p50 / p99 (s) | API requests |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     rows = [f"| {r['impl']} | {r['pods']} x {r['networks']} | {r['all_running_s']:.1f} | "
             f"{r['p50_s']:.1f} / {r['p99_s']:.1f} | {r['held_at_running']} | {r['all_gone_s']:.1f} | "
-            f"{r['pool_empty_s']:.1f} | {r['not_running'] + r['failure_events']} |" for r in results]
+            f"{r['pool_empty_s']:.1f} | {r['not_running'] + r['failure_events']} | "
+            f"{r['sandbox_asked_p50_s']:.1f} / {r['sandbox_asked_p99_s']:.1f} | "
+            f"{r['sandbox_setup_p50_s']:.1f} / {r['sandbox_setup_p99_s']:.1f} | "
+            f"{r['secondary_p50_s']:.0f} / {r['secondary_p99_s']:.0f} | {r['api_requests']} |"
+            for r in results]
     return head + "\n".join(rows)
 
 
