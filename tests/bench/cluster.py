@@ -136,6 +136,41 @@ def secondary_seconds(node: kubenode.Cluster, ns: str, since: int) -> list[float
     return [last[n] - first[n] for n in last if n in first]
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid: int, children: bool = False) -> float:
+    """CPU seconds of process `pid` (with `children`: plus those of the descendants it has reaped: for
+    containerd, the CNI plugins it ran: Multus and every delegate Multus ran)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
+    return ticks / TICK
+
+
+def cpu_seconds(node: kubenode.Cluster) -> dict[str, float]:
+    """CPU seconds so far of the node's components, the agent, and the whole machine (busy, all CPUs)."""
+    named: dict[str, int] = {}
+    for line in (node.dir / "pids.named").read_text().splitlines():
+        if line.strip():
+            name, pid = line.split()
+            named[name] = int(pid)
+    out = {"containerd + the CNI plugins it ran": proc_cpu(named.get("containerd", 0), children=True),
+           "kubelet": proc_cpu(named.get("kubelet", 0)),
+           "kube-apiserver": proc_cpu(int(node.env["KUBE_APISERVER_PID"])),
+           "etcd": proc_cpu(int(node.env["ETCD_PID"]))}
+    agents = node.get("-n", kubenode.NS, "pods", "-l", "app.kubernetes.io/name=pycni-node")["items"]
+    ids = {s["containerID"].removeprefix("containerd://") for p in agents
+           for s in p["status"].get("containerStatuses", []) if s["name"] == "agent" and s.get("containerID")}
+    tasks = (line.split() for line in node.ctr("tasks", "ls").stdout.splitlines()[1:])
+    out["pycni agent"] = sum(proc_cpu(int(t[1])) for t in tasks if t[0] in ids)
+    busy = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    out["machine (all CPUs)"] = (sum(map(int, busy)) - int(busy[3]) - int(busy[4])) / TICK
+    return out
+
+
 API_REQUEST = re.compile(r'^apiserver_request_total\{([^}]*)\} (\S+)$', re.M)
 
 
@@ -200,6 +235,7 @@ def run(impl: str, node: kubenode.Cluster, n: int, m: int, master: str, work: Pa
         multus_at = (node.cni_conf_dir.parent / "multus.log").stat().st_size
         served = agent_seconds(node)
         requests = api_requests(node)
+        cpu = cpu_seconds(node)
         start, wall = time.monotonic(), time.time()
         node.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
         running: dict[str, float] = {}
@@ -218,6 +254,7 @@ def run(impl: str, node: kubenode.Cluster, n: int, m: int, master: str, work: Pa
         secondary = secondary_seconds(node, ns, multus_at)
         after = agent_seconds(node)
         now = api_requests(node)
+        cpu_used = {k: round(v - cpu.get(k, 0.0), 1) for k, v in cpu_seconds(node).items()}
         made = {k: v - requests.get(k, 0.0) for k, v in now.items() if v - requests.get(k, 0.0) >= 1}
         in_agent = {k: (c - served.get(k, (0, 0))[0], t - served.get(k, (0, 0))[1])
                     for k, (c, t) in after.items()}
@@ -245,7 +282,7 @@ def run(impl: str, node: kubenode.Cluster, n: int, m: int, master: str, work: Pa
                 "sandbox_setup_p50_s": pct(phases["took"], 0.5),
                 "sandbox_setup_p99_s": pct(phases["took"], 0.99),
                 "secondary_p50_s": pct(secondary, 0.5), "secondary_p99_s": pct(secondary, 0.99),
-                "api_requests": round(sum(made.values())),
+                "api_requests": round(sum(made.values())), "cpu_s": cpu_used,
                 "api_requests_top": dict(sorted(made.items(), key=lambda kv: -kv[1])[:8]),
                 "agent_add_mean_s": {k: t / c for k, (c, t) in in_agent.items() if c},
                 "load_avg": os.getloadavg(),
