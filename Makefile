@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv lock check-repro deps lint typecheck unit e2e test demo bench bench-bundle bench-ipam bench-ipam-scale bench-warm driver bundle image clean fuzz
+.PHONY: all venv lock check-repro deps lint typecheck unit e2e test demo bench bench-bundle bench-ipam bench-ipam-scale bench-warm bench-cluster driver bundle image clean fuzz
 all: venv
 
 # Every dependency, runtime, build and dev, is installed from the locks (exact versions and sha256
@@ -126,6 +126,13 @@ bench-ipam-scale: deps venv bundle
 
 bench-warm: deps venv driver bundle
 	$(PY) -m tests.bench.warm $(if $(N),-n $(N))
+
+# Pod start-up on a real node (../shared/upstream kube-node-up + Multus): N pods x M macvlan+whereabouts
+# networks created at once, until all Running and all gone, for pycni with and without its agent and for
+# Debian's Go macvlan + upstream whereabouts v0.9.4 (tests/bench/cluster.py; not a timed test; ARGS="-n 8
+# -m 2", "--only upstream"; JSON in dist/bench/).
+bench-cluster: deps venv
+	$(PY) -m tests.bench.cluster $(ARGS)
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis

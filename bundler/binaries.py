@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bundler import fsutil, manifest
-from bundler.state import DISPLACED, HOME, State
+from bundler.state import DISPLACED, DISPLACED_CONF, HOME, State
 from cni import log
 
 
@@ -183,7 +183,8 @@ def tidy(bin_dir: Path, st: State) -> None:
         if p.name.startswith(".") and fsutil.TMP_MARK in p.name:
             fsutil.remove_tree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     for p in (bin_dir / HOME).iterdir():
-        if p.is_dir() and p.name not in (DISPLACED, st.current, *st.retired) and not p.name.startswith("."):
+        ours = (DISPLACED, DISPLACED_CONF, st.current, *st.retired)
+        if p.is_dir() and p.name not in ours and not p.name.startswith("."):
             log.warning("adopting unrecorded bundle copy %s (retired now)", p)
             st.retired[p.name] = time.time()
 

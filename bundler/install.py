@@ -87,14 +87,40 @@ def _install_conf(o: Options, st: state.State) -> bool:
         target = o.conf_dir / rel
         _mkdirs(o.conf_dir, target.parent, st)
         fsutil.remove_stale_tmp(target.parent)
+        if rel not in st.conf_files:
+            _keep_foreign_conf(o, rel, st)
         changed = fsutil.write_atomic(target, data, 0o600) or changed
         if rel not in st.conf_files:
             st.conf_files.append(rel)
     for rel in [r for r in st.conf_files if r not in files]:
-        (o.conf_dir / rel).unlink(missing_ok=True)
+        _release_conf(o, rel, st)
         st.conf_files.remove(rel)
         changed = True
     return changed
+
+
+def _keep_foreign_conf(o: Options, rel: str, st: state.State) -> None:
+    """A file we are about to write that another installer wrote (upstream whereabouts' flat file and
+    kubeconfig, on a node migrating to pycni): copied with its mode under .pycni/displaced-conf/ (a copy:
+    the bin and conf dirs may be different mounts) and put back by --uninstall."""
+    target = o.conf_dir / rel
+    if rel in st.displaced_conf or target.is_symlink() or not target.is_file():
+        return
+    keep = o.bin_dir / state.HOME / state.DISPLACED_CONF / rel
+    keep.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fsutil.write_atomic(keep, target.read_bytes(), target.stat().st_mode & 0o7777)
+    st.displaced_conf.append(rel)
+    log.info("keeping %s (not written by pycni) as %s", target, keep)
+
+
+def _release_conf(o: Options, rel: str, st: state.State) -> None:
+    """Remove our conf file `rel`, or put back the foreign one it replaced."""
+    target, keep = o.conf_dir / rel, o.bin_dir / state.HOME / state.DISPLACED_CONF / rel
+    if rel in st.displaced_conf and keep.is_file():
+        fsutil.write_atomic(target, keep.read_bytes(), keep.stat().st_mode & 0o7777)
+        st.displaced_conf.remove(rel)
+    else:
+        target.unlink(missing_ok=True)
 
 
 def _mkdirs(root: Path, d: Path, st: state.State) -> None:
@@ -127,8 +153,8 @@ def uninstall(o: Options) -> None:
         st = state.load(o.bin_dir)
         for name in list(st.entries):
             binaries.release_entry(o.bin_dir, name, st)
-        for rel in st.conf_files:
-            (o.conf_dir / rel).unlink(missing_ok=True)
+        for rel in list(st.conf_files):
+            _release_conf(o, rel, st)
         for rel in reversed(st.conf_dirs):
             with contextlib.suppress(OSError):
                 (o.conf_dir / rel).rmdir()

@@ -13,6 +13,7 @@ from cni import jsonio
 HOME = ".pycni"  # our directory inside the CNI bin dir: versioned bundles, displaced files, state
 STATE = "state.json"
 DISPLACED = "displaced"
+DISPLACED_CONF = "displaced-conf"  # foreign conf files we replaced (upstream whereabouts' flat file)
 
 
 @dataclass
@@ -26,6 +27,7 @@ class State:
     retired: dict[str, float] = field(default_factory=dict)  # old bundle dir -> time it was retired
     conf_files: list[str] = field(default_factory=list)  # relative to the conf dir
     conf_dirs: list[str] = field(default_factory=list)  # directories we created there
+    displaced_conf: list[str] = field(default_factory=list)  # conf files replaced, under DISPLACED_CONF
     bin_dir_created: bool = False
 
     @staticmethod
@@ -38,6 +40,7 @@ class State:
             retired={str(k): float(v) for k, v in d.get("retired", {}).items()},
             conf_files=[str(x) for x in d.get("conf_files", [])],
             conf_dirs=[str(x) for x in d.get("conf_dirs", [])],
+            displaced_conf=[str(x) for x in d.get("displaced_conf", [])],
             bin_dir_created=bool(d.get("bin_dir_created", False)),
         )
 
@@ -46,7 +49,7 @@ class State:
                 "displaced": sorted(self.displaced), "yielded": dict(sorted(self.yielded.items())),
                 "retired": dict(self.retired),
                 "conf_files": sorted(self.conf_files), "conf_dirs": list(self.conf_dirs),
-                "bin_dir_created": self.bin_dir_created}
+                "displaced_conf": sorted(self.displaced_conf), "bin_dir_created": self.bin_dir_created}
 
 
 def path(bin_dir: Path) -> Path:

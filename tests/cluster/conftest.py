@@ -17,7 +17,8 @@ import pytest
 
 from tests.bundle_layouts import snapshot
 from tests.cluster import kubenode
-from tests.nsutil import RUN
+from tests.cluster.pods import V4, V6, Net, example_nad
+from tests.nsutil import RUN, sh
 
 
 @pytest.fixture(scope="package")
@@ -44,7 +45,7 @@ class Installed:
     cluster: kubenode.Cluster
     tag: str
     overlay: Path
-    before: dict[str, dict[str, tuple[str, ...]]]  # the node's CNI dirs before the install (snapshot)
+    before: dict[str, dict[str, tuple[str, ...]]]  # the node's CNI dirs before the last install
 
 
 @pytest.fixture(scope="package")
@@ -60,3 +61,34 @@ def installed(cluster: kubenode.Cluster) -> Installed:
     cluster.kubectl("apply", "-k", str(overlay))
     cluster.kubectl("-n", kubenode.NS, "rollout", "status", "daemonset/pycni-node", "--timeout=300s")
     return Installed(cluster, tag, overlay, before)
+
+
+@pytest.fixture(scope="module")
+def net(installed: Installed, request: pytest.FixtureRequest) -> Iterator[Net]:
+    """The test module's namespace (per-run name, from the module's) with the two NADs, and the links
+    they name (per-run names; one module at a time holds them)."""
+    node = installed.cluster
+    ns = f"{RUN}-" + request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")
+    master, device = f"{RUN}mv", f"{RUN}hd"
+    try:
+        sh("ip", "link", "add", master, "mtu", "9000", "type", "veth", "peer", "name", master + "p",
+           "mtu", "9000")
+        sh("ip", "link", "add", device, "type", "veth", "peer", "name", device + "p")
+        for link in (master, master + "p", device + "p"):
+            sh("ip", "link", "set", link, "up")
+        node.kubectl("create", "namespace", ns)
+        node.apply([
+            example_nad("roce-shared-macvlan.yaml", ns, {
+                "master": master, "ipam.range": str(V4),
+                "ipam.exclude": ["198.18.48.0/28", "198.18.63.255/32"], "ipam.gateway": "198.18.48.1",
+                "ipam.ipRanges": [{"range": str(V6)}]}, node),
+            example_nad("hostdevice-pf.yaml", ns, {
+                "device": device, "stateDir": str(node.state_dir / "pycni" / "devices")}, node,
+                drop_annotations=True),
+        ])
+        yield Net(ns, master, device, node)
+    finally:
+        # pods first (their DELs release the addresses and give the device back), then the links
+        node.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=300s", check=False, timeout=400)
+        for link in (master, device, device + "p"):
+            sh("ip", "link", "del", link, check=False)

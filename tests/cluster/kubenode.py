@@ -138,6 +138,11 @@ class Cluster:
     def apply(self, docs: list[dict[str, Any]]) -> None:
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
 
+    def ctr_ok(self, *args: str) -> bool:
+        """`ctr ARGS` succeeded (containerd answering)."""
+        return subprocess.run([*self.env["CTR"].split(), *args], capture_output=True, check=False,
+                              timeout=60).returncode == 0
+
     def ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*self.env["CTR"].split(), *args], capture_output=True, text=True,
                               check=True, timeout=300)
@@ -268,3 +273,79 @@ def write_overlay(cluster: Cluster, tag: str, where: Path) -> Path:
 
 def render(cluster: Cluster, where: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(where)).stdout) if d]
+
+
+def posted_since(cluster: Cluster, beat: str | None) -> bool:
+    """containerd answers and the node is Ready with a heartbeat other than `beat`."""
+    now = ready_heartbeat(cluster)
+    return cluster.ctr_ok("version") and now is not None and now != beat
+
+
+def ready_heartbeat(cluster: Cluster) -> str | None:
+    """The lastHeartbeatTime of the node's Ready condition when it is True (None when not Ready): a
+    kubelet started again has posted its status once this moves past what it was before the start."""
+    conds = cluster.get("node", cluster.env["NODE_NAME"])["status"]["conditions"]
+    ready = [c for c in conds if c["type"] == "Ready" and c["status"] == "True"]
+    return str(ready[0]["lastHeartbeatTime"]) if ready else None
+
+
+# ---- the node's own processes: stopped and started again as the kit started them ------------------
+
+@dataclass(frozen=True)
+class Stopped:
+    """A node process the test stopped: what `start_again` needs to start it as kube-node-up did."""
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    log: Path
+
+
+def _pid_of(cluster: Cluster, name: str) -> int:
+    """The last pid recorded for `name` in the kit's DIR/pids.named (kube-node-down reads the same)."""
+    pids = [int(p) for n, p in (line.split() for line in (cluster.dir / "pids.named").read_text().splitlines()
+                                if line.strip()) if n == name]
+    if not pids:
+        raise AssertionError(f"no {name} in {cluster.dir}/pids.named")
+    return pids[-1]
+
+
+def stop(cluster: Cluster, name: str, timeout: float = 60.0) -> Stopped:
+    """SIGTERM the node's `name` (kubelet, containerd) and wait (bounded) until it has exited."""
+    pid = _pid_of(cluster, name)
+    proc = Path(f"/proc/{pid}")
+    argv = proc.joinpath("cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    if not any(str(cluster.dir).encode() in a for a in argv):
+        raise AssertionError(f"pid {pid} ({name}) does not belong to {cluster.dir}")
+    environ = proc.joinpath("environ").read_bytes().decode().split("\0")
+    env = dict(e.split("=", 1) for e in environ if "=" in e)
+    got = Stopped(name, [a.decode() for a in argv], env, os.readlink(proc / "cwd"),
+                  cluster.dir / f"{name}.log")
+    os.kill(pid, 15)
+    wait_for(f"{name} ({pid}) to exit", lambda: not proc.exists() or _zombie(proc), timeout, every=0.2)
+    return got
+
+
+def _zombie(proc: Path) -> bool:
+    try:
+        return proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def start_again(cluster: Cluster, stopped: Stopped) -> int:
+    """Start a stopped node process as kube-node-up does (nohup, its log appended, stdin /dev/null), in
+    its own session, and record its pid where kube-node-down looks
+    for it (DIR/node-pids, DIR/pids.named)."""
+    # through a shell that exits at once (as the kit's `nohup ... &`): the process is not our child, so
+    # it never lingers as our zombie when kube-node-down stops it
+    out = subprocess.run(["sh", "-c", 'cd "$1" && shift && log=$1 && shift && '
+                          'nohup setsid "$@" >>"$log" 2>&1 </dev/null & echo $!',
+                          "sh", stopped.cwd, str(stopped.log), *stopped.argv],
+                         env=stopped.env, capture_output=True, text=True, check=True, timeout=30)
+    pid = int(out.stdout.strip())
+    with (cluster.dir / "node-pids").open("a") as f:
+        f.write(f"{pid}\n")
+    with (cluster.dir / "pids.named").open("a") as f:
+        f.write(f"{stopped.name} {pid}\n")
+    return pid

@@ -22,144 +22,32 @@ import json
 import os
 import re
 import signal
-import subprocess
 import threading
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
-
-import pytest
-import yaml
 
 from bundler import manifest
 from tests.cluster import kubenode
 from tests.cluster.conftest import Installed
-from tests.nsutil import REPO, RUN, sh
-
-EXAMPLES = REPO / "conf-examples" / "kubernetes"
-NETWORKS = "k8s.v1.cni.cncf.io/networks"
-STATUS = "k8s.v1.cni.cncf.io/network-status"
-V4, V6 = ipaddress.ip_network("198.18.48.0/20"), ipaddress.ip_network("2001:db8:28::/64")
-HOSTDEV_V4 = ipaddress.ip_network("198.18.32.0/20")  # hostdevice-pf.yaml's own range, unchanged
-SETTLE = 180.0  # bounded wait for the kubelet, Multus and the plugins on a loaded 2-core machine
-
-
-@dataclass
-class Net:
-    ns: str
-    master: str  # the macvlan parent (veth, peer master + "p")
-    device: str  # the host-device veth end the pod takes (peer device + "p")
-    node: kubenode.Cluster
-
-
-def example_nad(name: str, ns: str, changes: dict[str, Any], node: kubenode.Cluster,
-                drop_annotations: bool = False) -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load((EXAMPLES / name).read_text())
-    conf = json.loads(doc["spec"]["config"])
-    for key, value in changes.items():
-        target = conf["ipam"] if key.startswith("ipam.") else conf
-        target[key.removeprefix("ipam.")] = value
-    conf["ipam"]["configuration_path"] = str(node.cni_conf_dir / "whereabouts.d" / "whereabouts.conf")
-    conf["ipam"]["local_db"] = str(node.state_dir / "pycni" / "whereabouts.db")
-    doc["metadata"]["namespace"] = ns
-    if drop_annotations:
-        doc["metadata"].pop("annotations", None)
-    doc["spec"]["config"] = json.dumps(conf)
-    return doc
-
-
-@pytest.fixture(scope="module")
-def net(installed: Installed) -> Iterator[Net]:
-    node = installed.cluster
-    ns = f"{RUN}-pods"
-    master, device = f"{RUN}mv", f"{RUN}hd"
-    try:
-        sh("ip", "link", "add", master, "mtu", "9000", "type", "veth", "peer", "name", master + "p",
-           "mtu", "9000")
-        sh("ip", "link", "add", device, "type", "veth", "peer", "name", device + "p")
-        for link in (master, master + "p", device + "p"):
-            sh("ip", "link", "set", link, "up")
-        node.kubectl("create", "namespace", ns)
-        node.apply([
-            example_nad("roce-shared-macvlan.yaml", ns, {
-                "master": master, "ipam.range": str(V4),
-                "ipam.exclude": ["198.18.48.0/28", "198.18.63.255/32"], "ipam.gateway": "198.18.48.1",
-                "ipam.ipRanges": [{"range": str(V6)}]}, node),
-            example_nad("hostdevice-pf.yaml", ns, {
-                "device": device, "stateDir": str(node.state_dir / "pycni" / "devices")}, node,
-                drop_annotations=True),
-        ])
-        yield Net(ns, master, device, node)
-    finally:
-        # pods first (their DELs release the addresses and give the device back), then the links
-        node.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=300s", check=False, timeout=400)
-        for link in (master, device, device + "p"):
-            sh("ip", "link", "del", link, check=False)
-
-
-def pod(name: str, ns: str, networks: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns, "annotations": {NETWORKS: networks}},
-            "spec": {"terminationGracePeriodSeconds": 2,
-                     "containers": [{"name": "c", "image": "kubenode.local/busybox:1.35",
-                                     "imagePullPolicy": "Never", "command": ["sleep", "3600"]}]}}
-
-
-def ready(node: kubenode.Cluster, ns: str, *names: str) -> None:
-    node.kubectl("-n", ns, "wait", "--for=condition=Ready", *(f"pod/{n}" for n in names),
-                 f"--timeout={SETTLE:.0f}s", timeout=SETTLE + 30)
-
-
-def addresses(node: kubenode.Cluster, ns: str, name: str, ifname: str) -> list[ipaddress.IPv4Interface |
-                                                                              ipaddress.IPv6Interface]:
-    out = node.kubectl("-n", ns, "exec", name, "--", "ip", "-o", "addr", "show", "dev", ifname).stdout
-    return [ipaddress.ip_interface(m) for m in re.findall(r"inet6? (\S+) .*scope global", out)]
-
-
-def pool_owners(node: kubenode.Cluster) -> dict[str, set[str]]:
-    """{pool name: the podrefs holding an address in it}, as the node's store wrote them."""
-    pools = node.get("-n", kubenode.NS, "ippools.whereabouts.cni.cncf.io")["items"]
-    return {p["metadata"]["name"]: {a["podref"] for a in (p["spec"].get("allocations") or {}).values()}
-            for p in pools}
-
-
-def reservations(node: kubenode.Cluster) -> dict[str, str]:
-    items = node.get("-n", kubenode.NS, "overlappingrangeipreservations.whereabouts.cni.cncf.io")["items"]
-    return {r["metadata"]["name"]: r["spec"]["podref"] for r in items}
-
-
-def agent_served(node: kubenode.Cluster) -> dict[tuple[str, str], float]:
-    """{(plugin, command): calls the agent served}, scraped from the node's address as Prometheus would;
-    ("errors", "all"): those that failed."""
-    url = f"http://{node.env['NODE_IP']}:9736/metrics"
-    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=10) as resp:
-        text = resp.read().decode()
-    out = {("errors", "all"): 0.0}
-    for m in re.finditer(r'^pycni_attach_duration_seconds_count\{command="(\w+)",plugin="([\w-]+)"\} (\S+)$',
-                         text, re.M):
-        out[(m.group(2), m.group(1))] = float(m.group(3))
-    for m in re.finditer(r'^pycni_attach_errors_total\{[^}]*\} (\S+)$', text, re.M):
-        out[("errors", "all")] += float(m.group(1))
-    return out
-
-
-def pinged(node: kubenode.Cluster, ns: str, src: str, dst: str) -> bool:
-    # an IPv6 address answers once its duplicate address detection is over: retried on the condition
-    got = node.kubectl("-n", ns, "exec", src, "--", "ping", "-c", "1", "-W", "2", dst, check=False)
-    return got.returncode == 0
-
-
-def sandbox_failures(node: kubenode.Cluster, ns: str) -> list[str]:
-    """The kubelet's events of failed sandbox set-ups or tear-downs (a CNI ADD or DEL that failed)."""
-    events = node.get("-n", ns, "events")["items"]
-    return [f"{e['reason']}: {e.get('message', '')}" for e in events
-            if e.get("reason") in ("FailedCreatePodSandBox", "FailedKillPod")]
-
-
-def settled(node: kubenode.Cluster, podrefs: set[str]) -> bool:
-    held = set().union(*pool_owners(node).values()) | set(reservations(node).values())
-    return not (held & podrefs)
+from tests.cluster.pods import (
+    HOSTDEV_V4,
+    SETTLE,
+    STATUS,
+    V4,
+    V6,
+    Net,
+    addresses,
+    agent_served,
+    host_has,
+    pinged,
+    pod,
+    pool_owners,
+    ready,
+    reservations,
+    sandbox_failures,
+    settled,
+)
+from tests.nsutil import REPO, RUN
 
 
 def test_roce_shared_pods_dual_stack_reach_each_other_and_release_on_delete(net: Net) -> None:
@@ -198,12 +86,6 @@ def test_roce_shared_pods_dual_stack_reach_each_other_and_release_on_delete(net:
     kubenode.wait_for("the deleted pods' addresses and reservations released", lambda: settled(node, refs),
                       SETTLE)
     assert sandbox_failures(node, ns) == []
-
-
-def host_has(link: str) -> bool:
-    got = subprocess.run(["ip", "link", "show", "dev", link], capture_output=True, check=False)
-    return got.returncode == 0
-
 
 def test_two_networks_in_one_pod_and_the_device_comes_back(net: Net) -> None:
     node, ns = net.node, net.ns

@@ -1,7 +1,9 @@
 """Uninstall as bundler/README.md says (and docs/install.md tells an operator): `--uninstall` added to
 the installer's command, the rollout awaited (the installer removes exactly what it installed and puts
 back what it displaced: the node's own macvlan), then `kubectl delete -k`. The node's CNI directories
-are then as they were before the install, file for file. Runs last (it removes the install)."""
+are then as they were before the last install, file for file: the kit's node, or, after test_migration.py,
+the upstream whereabouts node pycni replaced there (upstream's binary, flat file and kubeconfig put back).
+Runs last (it removes the install)."""
 
 from __future__ import annotations
 

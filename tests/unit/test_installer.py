@@ -99,21 +99,53 @@ def test_foreign_file_is_displaced_then_restored(host: tuple[Path, Path, Path]) 
     assert foreign.read_bytes() == b"#!/bin/sh\necho upstream\n"
 
 
+def kube_args(tmp_path: Path) -> tuple[str, ...]:
+    """The installer's options for the Kubernetes store, with a token and CA of the test's own."""
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_bytes(b"tok-1")
+    ca.write_bytes(b"CA")
+    return ("--ipam-datastore", "kubernetes", "--kube-server", "https://[2001:db8::1]:6443",
+            "--token-file", str(token), "--ca-file", str(ca))
+
+
 def test_uninstall_leaves_the_directories_as_they_were(host: tuple[Path, Path, Path], tmp_path: Path) -> None:
     src, bin_dir, conf_dir = host
     (bin_dir / "bridge").write_bytes(b"upstream bridge")
     (bin_dir / "macvlan").write_bytes(b"upstream macvlan")
     (conf_dir / "10-primary.conflist").write_bytes(b"{}")
-    token, ca = tmp_path / "token", tmp_path / "ca.crt"
-    token.write_bytes(b"tok-1")
-    ca.write_bytes(b"CA")
-    kube = ("--ipam-datastore", "kubernetes", "--kube-server", "https://[2001:db8::1]:6443",
-            "--token-file", str(token), "--ca-file", str(ca))
+    kube = kube_args(tmp_path)
     before_bin, before_conf = snapshot(bin_dir), snapshot(conf_dir)
     install.install_once(opts(bin_dir, conf_dir, src, *kube))
     v2 = variant(src, tmp_path / "v2", "0.0.2")
     install.install_once(opts(bin_dir, conf_dir, v2, *kube, "--grace", "60"))
     assert snapshot(conf_dir) != before_conf
+    install.uninstall(opts(bin_dir, conf_dir, src, *kube))
+    assert (snapshot(bin_dir), snapshot(conf_dir)) == (before_bin, before_conf)
+
+
+def test_an_upstream_whereabouts_node_is_given_back_as_it_was(host: tuple[Path, Path, Path],
+                                                                tmp_path: Path) -> None:
+    """A node migrating from upstream whereabouts: its installer's binary, flat file and kubeconfig (an
+    inline token, 0600) are replaced by ours, kept, and `--uninstall` (the rollback) puts back each of
+    them, so upstream's binary finds its own flat file again."""
+    src, bin_dir, conf_dir = host
+    (bin_dir / "whereabouts").write_bytes(b"upstream whereabouts")
+    wb = conf_dir / "whereabouts.d"
+    wb.mkdir()
+    (wb / "whereabouts.conf").write_bytes(b'{"datastore": "kubernetes"}')
+    (wb / "whereabouts.kubeconfig").write_bytes(b"users: [{user: {token: upstream-secret}}]")
+    for f in wb.iterdir():
+        f.chmod(0o600)
+    kube = kube_args(tmp_path)
+    before_bin, before_conf = snapshot(bin_dir), snapshot(conf_dir)
+    install.install_once(opts(bin_dir, conf_dir, src, *kube))
+    assert b"upstream-secret" not in (wb / "whereabouts.kubeconfig").read_bytes()
+    assert jsonio.loads((wb / "whereabouts.conf").read_bytes())["configuration_path"] == str(wb)
+    kept = bin_dir / ".pycni" / "displaced-conf" / "whereabouts.d" / "whereabouts.kubeconfig"
+    assert kept.read_bytes() == b"users: [{user: {token: upstream-secret}}]"
+    assert kept.stat().st_mode & 0o777 == 0o600
+    install.install_once(opts(bin_dir, conf_dir, src, *kube))  # a restart keeps what it kept
+    assert kept.read_bytes() == b"users: [{user: {token: upstream-secret}}]"
     install.uninstall(opts(bin_dir, conf_dir, src, *kube))
     assert (snapshot(bin_dir), snapshot(conf_dir)) == (before_bin, before_conf)
 

@@ -1,0 +1,95 @@
+"""The reconciler Deployment as shipped frees the address of a pod deleted while its DEL could not run,
+and never a live pod's.
+
+The node's kubelet is stopped (SIGTERM; the kit's own command line to start it again), so nothing can
+run the pod's CNI DEL; the pod is force-deleted (`--force --grace-period=0`: the API object goes at
+once). Containers keep running without the kubelet, the reconciler's among them. The Deployment runs the
+reconciler at its start and then every 300 s; rather than waiting for its next turn, the test runs the
+same command once (`--interval=0`) inside the Deployment's running container (`ctr tasks exec`: the
+container's user, environment, ServiceAccount token and ConfigMap, as shipped): it frees exactly the
+deleted pod's allocations and reservations, and keeps the live pod's. The kubelet then comes back and
+tears the orphaned sandbox down (its DEL finds nothing left to free: no error), the live pod keeps its
+addresses, and a new pod gets other ones."""
+
+from __future__ import annotations
+
+import re
+
+from tests.cluster import kubenode
+from tests.cluster.pods import (
+    POOLS,
+    SETTLE,
+    Net,
+    addresses,
+    addresses_once_served,
+    pod,
+    pool_owners,
+    ready,
+    reservations,
+    running_tasks,
+    sandbox_failures,
+    settled,
+)
+from tests.nsutil import RUN
+
+RECONCILE = ["/pycni/cni-bin/pycni-ipam", "--config=/etc/pycni/ipam.json", "reconcile", "--pods=kubernetes",
+             "--interval=0"]  # the Deployment's command, one run
+
+
+def reconciler_container(node: kubenode.Cluster) -> str:
+    pods = node.get("-n", kubenode.NS, "pods", "-l", "app.kubernetes.io/name=pycni-reconciler")["items"]
+    running = [p for p in pods if p["status"].get("phase") == "Running"]
+    assert len(running) == 1, [p["metadata"]["name"] for p in pods]
+    (status,) = running[0]["status"]["containerStatuses"]
+    return str(status["containerID"]).removeprefix("containerd://")
+
+
+def test_the_reconciler_frees_a_pod_deleted_while_its_del_could_not_run_and_never_a_live_one(
+        net: Net) -> None:
+    node, ns = net.node, net.ns
+    node.apply([pod("gone", ns, "roce-shared"), pod("live", ns, "roce-shared")])
+    ready(node, ns, "gone", "live")
+    gone = {str(a.ip) for a in addresses(node, ns, "gone", "net1")}
+    live = addresses(node, ns, "live", "net1")
+    assert len(gone) == 2 and len(live) == 2
+    # the agent answers an ADD once its addresses are reserved and writes the pools a moment later
+    # (ipam/batch.py, deferred writes): both pods' pool entries are awaited before the kubelet stops
+    kubenode.wait_for("both pods in the pools", lambda: all(
+        {f"{ns}/gone", f"{ns}/live"} <= pool_owners(node).get(p, set()) for p in POOLS), SETTLE)
+    container = reconciler_container(node)
+    kubelet = kubenode.stop(node, "kubelet")
+    beat = kubenode.ready_heartbeat(node)
+    try:
+        node.kubectl("-n", ns, "delete", "pod", "gone", "--force", "--grace-period=0", timeout=120)
+        assert node.kubectl("-n", ns, "get", "pod", "gone", check=False).returncode != 0
+        assert running_tasks(node, ns, "gone")  # its sandbox still runs: no DEL has been made
+        out = node.ctr("tasks", "exec", "--exec-id", f"{RUN}-reconcile", container, *RECONCILE).stdout
+    finally:
+        kubenode.start_again(node, kubelet)
+    freed = re.findall(r"^freeing (\S+) in pool (\S+) \((\S+) (\S+)\)", out, re.M)
+    freed_res = re.findall(r"^freeing reservation (\S+) \((\S+) (\S+)\)", out, re.M)
+    assert sorted((ip, ref, ifname) for ip, _, ref, ifname in freed) == sorted(
+        (ip, f"{ns}/gone", "net1") for ip in gone), out
+    assert {pool for _, pool, _, _ in freed} == set(POOLS), out
+    assert sorted(freed_res) == sorted((ip.replace(":", "-"), f"{ns}/gone", "net1") for ip in gone), out
+    assert re.search(r"^freed 4 of 4; kept \d+; left alone \d+$", out, re.M), out
+    owners = pool_owners(node)
+    assert all(f"{ns}/live" in owners[p] and f"{ns}/gone" not in owners[p] for p in POOLS), owners
+    held = reservations(node)
+    assert all(held[str(a.ip).replace(":", "-")] == f"{ns}/live" for a in live), held
+
+    # the kubelet back: it tears the orphaned sandbox down (a DEL with nothing left to free)
+    kubenode.wait_for("the kubelet posting the node's status again",
+                      lambda: kubenode.posted_since(node, beat), SETTLE)
+    kubenode.wait_for("the deleted pod's sandbox torn down", lambda: not running_tasks(node, ns, "gone"),
+                      SETTLE)
+    ready(node, ns, "live")
+    assert addresses_once_served(node, ns, "live", "net1") == live
+    node.apply([pod("after", ns, "roce-shared")])
+    ready(node, ns, "after")
+    after = addresses(node, ns, "after", "net1")
+    assert len(after) == 2 and not {a.ip for a in after} & {a.ip for a in live}, (after, live)
+    assert sandbox_failures(node, ns) == []
+    node.kubectl("-n", ns, "delete", "pod", "live", "after", "--wait=true", "--timeout=120s", timeout=180)
+    kubenode.wait_for("the pods' addresses released",
+                      lambda: settled(node, {f"{ns}/live", f"{ns}/after", f"{ns}/gone"}), SETTLE)
