@@ -1,7 +1,8 @@
 """Several IPAM operations on one pool in one read-modify-write: the pieces ipam.engine batches with.
 
-- `Op`: one attachment's ADD or DEL in one range, with what it has claimed so far; `done` once its part
-  of a committed write (or its own error) is final.
+- `Op`: one attachment's ADD or DEL in one range, with what it has claimed so far, and where it is in its
+  batch: `state`, one of pending -> decided -> answered -> written | failed, changed only by `Op.to`,
+  which refuses a transition TRANSITIONS does not list. `done` once written or failed.
 - `BatchView`: a PoolView over the stored pool plus the changes decided earlier in the same batch, so
   two operations of one batch never pick the same address, and one write commits them all.
 - `Combiner`: flat combining across the threads of one process (the node-local agent). Each thread
@@ -42,6 +43,28 @@ PACE = 1.0  # the agent's combiners: wait as long as the previous write took bef
 PACE_MAX = 2.0  # seconds: the longest such wait (only writes slower than this reach it: huge pools)
 
 
+PENDING, DECIDED, ANSWERED, WRITTEN, FAILED = "pending", "decided", "answered", "written", "failed"
+FINAL = (WRITTEN, FAILED)
+TRANSITIONS: dict[str, tuple[str, ...]] = {
+    # decided on the batch's view; or its own error (pool full, request refused, store out of reach)
+    PENDING: (DECIDED, FAILED),
+    # answered before its write (deferred writes); written; its batch failed; or its decision dropped
+    # (a stale snapshot, a write lost to a racer, an arrival put back in the queue): decided again
+    DECIDED: (ANSWERED, WRITTEN, FAILED, PENDING),
+    # its write: done, failed (the batch's error, or a DEL's reservation release), or lost to a racer
+    # and retried (the op then decided again on the address it was answered with)
+    ANSWERED: (WRITTEN, FAILED, PENDING),
+    WRITTEN: (),
+    # taken back: an answered op whose batch failed (_owed, REWRITES times at most), another process'
+    # op handed back to the node queue, a failure met on a snapshot found stale
+    FAILED: (PENDING,),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """An op moved between states TRANSITIONS does not connect: a bug in the batch's executor."""
+
+
 @valueclass(frozen=False)
 class Claims:
     blocked: set[int] = field(default_factory=set)
@@ -65,14 +88,27 @@ class Op:
     # batch's write like `freed`, though the retry may no longer find them in the pool
     sent: list[tuple[int, Allocation]] = field(default_factory=list)
     known: dict[str, str] = field(default_factory=dict)  # del: versions of the freed reservations, if known
-    released: bool = False  # del: its reservations were released in its batch (the agent)
-    answered: bool = False  # decided and its caller answered; its pool write may still be to come
     rewrites: int = 0  # answered, its batch failed: how many batches it went back to the queue for
-    reread: bool = False  # a write of its batch failed: the next attempt reads the pool as stored
     begun: float = 0.0  # when the op started
     started: float = 0.0  # when it last saw progress (its start, or a race lost to another writer)
-    error: BaseException | None = None
-    done: bool = False
+    error: BaseException | None = None  # set with FAILED (Op.to), cleared when taken back
+    state: str = "pending"  # PENDING ... FAILED: changed by `to` alone
+    told: bool = False  # its caller was answered before its write (entered ANSWERED once; set by `to`)
+
+    @property
+    def done(self) -> bool:
+        """Written, or failed with its own error: final unless a rewrite takes it back (_owed)."""
+        return self.state in FINAL
+
+    def to(self, state: str, error: BaseException | None = None) -> None:
+        """The one place an op changes state: refuses a transition TRANSITIONS does not list. FAILED
+        takes the op's error; any other state clears it."""
+        if state not in TRANSITIONS[self.state]:
+            raise IllegalTransition(f"{self.kind} {self.owner.container_id}: {self.state} -> {state}")
+        if (error is None) == (state == FAILED):
+            raise IllegalTransition(f"{self.kind} {self.owner.container_id}: {state} with error {error!r}")
+        self.state, self.error = state, error
+        self.told = self.told or state == ANSWERED
 
 
 BatchView = Changes  # the pool plus a batch's decisions (ipam.decide)
@@ -154,10 +190,10 @@ class Combiner:
         except BaseException as e:
             for op in batch:
                 if not op.done:
-                    if op.answered:  # its caller has its answer: what it left undone is logged here
+                    if op.told:  # its caller has its answer: what it left undone is logged here
                         log.warning("%s %s: the pool write after its answer failed: %s",
                                     op.owner.container_id, op.owner.ifname, e)  # fmt: skip
-                    op.error, op.done = e, True
+                    op.to(FAILED, e)
             if any(op in ops for op in batch) and not isinstance(e, Exception):
                 raise  # KeyboardInterrupt, SystemExit: this thread's own business
         finally:  # each op runs in one batch: count its races lost once, when it is over
@@ -178,7 +214,7 @@ class Combiner:
                 self._running = True
                 threading.Thread(target=self._batches, name="pool-batch", daemon=True).start()
             cv.notify_all()  # a running batch may take them (more)
-            while not all(op.done or op.answered for op in ops):
+            while not all(op.done or op.told for op in ops):
                 cv.wait()
 
     def _batches(self) -> None:
@@ -190,7 +226,7 @@ class Combiner:
             log.error("pool batch: cannot enter the agent's namespace and directory: %s", e.strerror)
             with cv:
                 for op in self._queue:
-                    op.error, op.done = e, True
+                    op.to(FAILED, e)
                 self._queue = []
                 self._running = False
                 cv.notify_all()
@@ -212,7 +248,7 @@ class Combiner:
                     self._execute(batch, (), execute)
                 finally:  # `batch` grew by the arrivals it answered: all written (or failed) now
                     owed = _owed(batch)
-                    _unwritten(-sum(op.answered and op not in owed for op in batch))
+                    _unwritten(-sum(op.told and op not in owed for op in batch))
                 if owed:
                     with cv:
                         self._queue[:0] = owed
@@ -245,15 +281,19 @@ class Combiner:
             self._cv.notify_all()
 
     def answer(self, ops: Sequence[Op]) -> None:
-        """The batch's thread: these ops are decided; their callers may return (deferring only)."""
+        """The batch's thread: these ops are decided; their callers may return (deferring only). An op
+        answered before (its batch failed and it was taken back: _owed) is answered again, not counted
+        again."""
         if self._cv is None:
             return
+        fresh = 0
         with self._cv:
-            fresh = [op for op in ops if not op.answered and not op.done]
-            for op in fresh:
-                op.answered = True
+            for op in ops:
+                if op.state == DECIDED:
+                    fresh += not op.told
+                    op.to(ANSWERED)
             self._cv.notify_all()
-        _unwritten(len(fresh))
+        _unwritten(fresh)
 
     def more(self, room: int, timeout: float) -> list[Op]:
         """The batch's thread: ops queued since it began (waiting up to `timeout` s for one), at most
@@ -312,14 +352,14 @@ def _owed(batch: Sequence[Op]) -> list[Op]:
     frees what is left)."""
     owed = []
     for op in batch:
-        if not op.answered or op.error is None:
+        if not op.told or op.state != FAILED:
             continue
         if op.rewrites >= REWRITES:
             log.error("%s %s: %s in %s: given up after %d more batches: %s", op.owner.container_id,
                       op.owner.ifname, op.kind.upper(), op.rng.cidr, op.rewrites, op.error)  # fmt: skip
             continue
-        op.rewrites += 1
-        op.error, op.done, op.reread = None, False, True
+        op.rewrites += 1  # (its next batch reads the pool as stored: rewrites > 0)
+        op.to(PENDING)
         op.sent += [f for f in op.freed if f not in op.sent]  # the next batch may find them gone
         owed.append(op)
     return owed

@@ -125,7 +125,8 @@ class Engine:
             ticket = nodequeue.publish(path, ops)
 
         def here(group: list[Op]) -> None:  # `group` grows by the ops a deferred batch takes
-            self._retrying(what, lambda: self._step(name, group, ticket, group))
+            tries = _Tries()
+            self._retrying(what, lambda: self._step(name, group, ticket, group, tries))
             if batch.sharing():
                 self._release_freed(group)
 
@@ -151,15 +152,16 @@ class Engine:
             from ipam.store.handles import store_for
 
             with reopen() if reopen is not None else store_for(conf.store) as store:
-                engine = Engine(store, conf, retry, reopen)
-                engine._retrying(what, lambda: engine._step(name, group, None, group))
+                engine, tries = Engine(store, conf, retry, reopen), _Tries()
+                engine._retrying(what, lambda: engine._step(name, group, None, group, tries))
                 engine._release_freed(group)
 
         return execute
 
     def _step(
-        self, name: str, ops: list[Op], ticket: nodequeue.Ticket | None = None, grow: list[Op] | None = None
-    ) -> None:
+        self, name: str, ops: list[Op], ticket: nodequeue.Ticket | None = None, grow: list[Op] | None = None,
+        tries: _Tries | None = None,
+    ) -> None:  # fmt: skip
         """One read-modify-write of pool `name` for every op of the batch not yet done: each decided in
         turn against the pool plus the decisions before it, then one write. A Conflict on the write
         leaves every op pending (the retry reads the pool again; reservations already made are kept).
@@ -190,27 +192,28 @@ class Engine:
         pending = [op for op in ops if not op.done]
         if not pending:
             return
+        _undecide(pending)  # an attempt before this one failed: its decisions are void
         rng = pending[0].rng
         with self._atomic(name, pending[0].owner.node) as lock:
             taken = self._from_queue(lock, ticket, len(pending))
             if taken is None:
                 return  # decided and written by another call on this node
             try:
-                self._locked_step(name, rng, lock, ticket, pending, taken, grow)
+                self._locked_step(name, rng, lock, ticket, pending, taken, grow, tries or _Tries())
             except BaseException:
                 nodequeue.hand_back(taken)
                 raise
 
     def _locked_step(
         self, name: str, rng: IPRange, lock: nodelock.Held | None, ticket: nodequeue.Ticket | None,
-        pending: list[Op], taken: nodequeue.Taken, grow: list[Op] | None = None,
+        pending: list[Op], taken: nodequeue.Taken, grow: list[Op] | None, tries: _Tries,
     ) -> None:  # fmt: skip
         """_step's attempt under the node lock, `taken` the other calls' operations it serves."""
         began = time.monotonic()
         pending += taken.ops
         hot = None if lock is None else lock.hot()
         lost = sum(op.claims.lost for op in pending)
-        view, changes, decided, cached = self._decide_batch(rng, lock, pending, hot)
+        view, changes, decided, cached = self._decide_batch(rng, lock, pending, hot, tries.reread)
         comb = batch.combiner((self.identity, name)) if self.defers and batch.sharing() else None
         if comb is not None and comb.defer and grow is not None:
             comb.answer([op for op in decided if op.overlapping])  # the others wait for the write
@@ -233,8 +236,7 @@ class Engine:
                     op.sent += [f for f in op.freed if f not in op.sent]
                 raise
             except Conflict:
-                for op in pending:
-                    op.reread = True  # not a cached read next time: it may not hold what we met
+                tries.reread = True  # not a cached read next time: it may not hold what we met
                 if lock is not None and update.whole:  # written since the snapshot: read it for a while
                     lock.seen_foreign(HOT_SECONDS)
                 elif lock is not None:
@@ -281,7 +283,8 @@ class Engine:
                 failed = [op for op in arrived if op not in more]
                 for op, n in zip(arrived, lost, strict=True):
                     if op in failed:
-                        op.claims.lost, op.error, op.done = n, None, False
+                        op.claims.lost = n
+                        _undecide([op], failed=True)
                 comb.requeue(failed)
             grow += more
             pending += more
@@ -292,8 +295,9 @@ class Engine:
         return decided
 
     def _decide_batch(
-        self, rng: IPRange, lock: nodelock.Held | None, pending: list[Op], hot: bool | None
-    ) -> tuple[PoolView, BatchView, list[Op], bool]:
+        self, rng: IPRange, lock: nodelock.Held | None, pending: list[Op], hot: bool | None,
+        reread: bool = False,
+    ) -> tuple[PoolView, BatchView, list[Op], bool]:  # fmt: skip
         """Decide the batch (see _step): (the view decided on, the changes, the ops decided, whether the
         view is the node's snapshot). The snapshot serves DELs, and ADDs while no other node raced this
         one on the pool and no foreign write was seen lately: an ADD must see every entry of its pod,
@@ -310,9 +314,10 @@ class Engine:
         adds = any(op.kind == "add" for op in pending)
         trusted = not adds or (lock is not None and not hot and not lock.foreign())
         kept = self._kept_view(rng, lock) if trusted else None
-        floor = "" if kept or lock is None or any(op.reread for op in pending) else lock.floor()
+        reread = reread or any(op.rewrites for op in pending)  # a write of theirs failed: as stored
+        floor = "" if kept or lock is None or reread else lock.floor()
         view = kept or self._view(rng, floor)
-        before = [(op.claims.lost, op.done) for op in pending]
+        before = [op.claims.lost for op in pending]  # (every op pending: _step)
         stale = False
         try:
             changes, decided, claimed = self._decide_all(view, pending, hot, snapshot=kept is not None)
@@ -323,21 +328,23 @@ class Engine:
                 again = self._view(rng)
                 if again.version != view.version:
                     view = again
+                    _undecide(pending)
                     changes, decided, _ = self._decide_all(view, [op for op in pending if not op.done], hot)
-            failed = adds and any(op.done > done for op, (_, done) in zip(pending, before, strict=True))
+            failed = adds and any(op.state == batch.FAILED for op in pending)
             if not floor or not (failed or any(op.kind == "del" and not op.freed for op in decided)):
                 return view, changes, decided, False
             # an ADD failed or a DEL found nothing on the cached read: what it lacked may be newer than
             # the cache (written outside this node's lock): decide again on the pool as stored
-        then = list(zip(pending, before, strict=True))
-        if stale or (adds and any(op.done > done for op, (_, done) in then)):
+        if stale or (adds and any(op.state == batch.FAILED for op in pending)):
             if lock is not None and kept is not None:
                 lock.seen_foreign(HOT_SECONDS)
-            for op, (n, done) in then:
-                op.claims.lost, op.done = n, done
-                op.error = op.error if done else None
+            for op, n in zip(pending, before, strict=True):
+                op.claims.lost = n
+            _undecide(pending, failed=True)
         elif not any(op.kind == "del" and not op.freed for op in decided):
             return view, changes, decided, True
+        else:
+            _undecide(pending)
         view = self._view(rng)  # stale, or a DEL found nothing in the snapshot: the pool as stored
         changes, decided, _ = self._decide_all(view, [op for op in pending if not op.done], hot)
         return view, changes, decided, False
@@ -373,8 +380,9 @@ class Engine:
         plugin process' own request withdrawn (under the lock: no holder takes it after this)."""
         if lock is not None and ticket is not None:  # the agent remembers in memory (the store's)
             self._remember(lock, decided)
-        for op in decided:
-            op.done = True
+        for op in decided:  # the agent's DELs: written once their reservations are released too
+            if op.kind == "add" or not batch.sharing():
+                op.to(batch.WRITTEN)
         taken.answer()
         if lock is not None and ticket is not None and all(op.done for op in ticket.ops):
             ticket.close()
@@ -442,8 +450,9 @@ class Engine:
             except (StoreUnavailable, Conflict):
                 raise
             except CniError as e:  # this op's own failure (pool exhausted, candidates keep going)
-                op.error, op.done = e, True
+                op.to(batch.FAILED, e)
                 continue
+            op.to(batch.DECIDED)
             decided.append(op)
         return changes, decided, sum(len(op.claims.created) for op in pending) > created
 
@@ -457,7 +466,7 @@ class Engine:
         racing on (`hot`), the lowest free after a random point of the range, so the nodes' writers stop
         meeting on the same few lowest addresses."""
         serial = self.store.serial
-        if op.answered and op.offsets:  # answered before its write: it keeps that address, or nothing
+        if op.told and op.offsets:  # answered before its write: it keeps that address, or nothing
             self._decide_answered(op, changes)
             return
         segments = allocator.segments_as_offsets(op.rng)
@@ -556,31 +565,33 @@ class Engine:
         """Release one range; False when the pool held nothing of this attachment."""
         op = Op("del", rng, owner, self.conf.overlapping)
         self._run([op])
-        if not op.released and not op.answered:  # answered early: its batch releases them after the write
+        if not batch.sharing():  # the agent's batch released them after its write (_release_freed)
             self._release(op)
         return bool(op.freed or op.sent)
 
     def _release(self, op: Op) -> None:
-        """The reservations of the entries a DEL freed (overlapping ranges), after its pool write.
-        `released` once all are: a batch that fails on the way releases them again (idempotent)."""
+        """The reservations of the entries a DEL freed (overlapping ranges), after its pool write: a
+        batch that fails on the way releases them again (idempotent)."""
         if op.overlapping:
             for offset, held in op.freed + [f for f in op.sent if f not in op.freed]:
                 name = self.reservation_name(op.rng, offset)
                 hint = Reservation(name, held, op.known[name]) if name in op.known else None
                 self.reservations.release(name, functools.partial(reserved_for, held=held), hint)
-        op.released = True
 
     def _release_freed(self, group: list[Op]) -> None:
         """In the agent, the batch's DELs release their reservations before the batch ends: its callers
         then return together and their next calls meet in the next batch (a DEL's write is only the
         PATCH; releases in each caller's own thread after it staggered the arrivals), and the batch's
-        duration, which paces the next write, includes them. An op's failure is its own."""
+        duration, which paces the next write, includes them: each DEL is written once they are. An op's
+        failure is its own."""
         for op in group:
-            if op.kind == "del" and op.error is None and not op.released:
+            if op.kind == "del" and op.state in (batch.DECIDED, batch.ANSWERED):
                 try:
                     self._release(op)
                 except CniError as e:
-                    op.error = e
+                    op.to(batch.FAILED, e)
+                    continue
+                op.to(batch.WRITTEN)
 
     def _release_where(
         self, rng: IPRange, doomed: Callable[[Allocation], bool], extras: Mapping[Attachment, Allocation]
@@ -658,6 +669,21 @@ class Engine:
                 errors.append(e)
         if errors:
             raise CniError("GC: " + "; ".join(e.msg for e in errors), code=int(errors[0].code))
+
+
+class _Tries:
+    """One batch across its attempts (ipam.retry): `reread` once a write of it failed (every attempt
+    after it reads the pool as stored: a cached read may not hold what that write met)."""
+
+    reread = False
+
+
+def _undecide(ops: list[Op], failed: bool = False) -> None:
+    """The decisions of `ops` void (their view was stale, or an attempt failed): pending again; with
+    `failed`, also the failures met on that view."""
+    for op in ops:
+        if op.state in (batch.DECIDED, batch.ANSWERED) or (failed and op.state == batch.FAILED):
+            op.to(batch.PENDING)
 
 
 class _Stale(Exception):

@@ -27,7 +27,7 @@ import os
 from cni import jsonio, log
 from cni.errors import CniError
 from ipam import nodelock
-from ipam.batch import Claims, Op
+from ipam.batch import DECIDED, FAILED, PENDING, WRITTEN, Claims, Op
 from ipam.model import Allocation
 from ipam.ranges import IPRange
 
@@ -154,7 +154,8 @@ def take(ticket: Ticket | None, room: int) -> Taken:
         if path in ticket.taken:  # taken before, by an attempt whose write failed: decided again
             ops = ticket.taken[path]
             for op in ops:
-                op.done, op.error = False, None
+                if op.state != PENDING:
+                    op.to(PENDING)
         ticket.taken[path] = ops
         taken.calls.append((path, ops))
         room -= len(ops)
@@ -227,8 +228,12 @@ def _settle(op: Op, out: dict[str, Any]) -> None:
     claims.created.update({str(k): str(v) for k, v in out["created"].items()})
     claims.mine.update({str(k): int(v) for k, v in out["mine"].items()})
     claims.lost += int(out["lost"])
-    op.error = None
+    if not out["done"] or op.done:
+        return
     if out["error"] is not None:
         e = out["error"]
-        op.error = CniError(str(e["msg"]), str(e["details"]), code=int(e["code"]))
-    op.done = bool(out["done"])
+        op.to(FAILED, CniError(str(e["msg"]), str(e["details"]), code=int(e["code"])))
+        return
+    if op.state == PENDING:
+        op.to(DECIDED)
+    op.to(WRITTEN)

@@ -13,6 +13,7 @@ from typing import Any
 from cni import jsonio, skel
 from cni.types.netconf import Request
 from cni.types.result import Result
+from ipam.batch import DECIDED, WRITTEN, Op
 
 FAKE = "fakeplug"
 
@@ -118,3 +119,9 @@ def until(cond: Callable[[], object], timeout: float = 30.0) -> bool:
             return False
         time.sleep(0.002)
     return True
+
+
+def written(op: Op) -> None:
+    """A fake batch executor's "written": `op` decided, then written (ipam.batch.Op.to)."""
+    op.to(DECIDED)
+    op.to(WRITTEN)

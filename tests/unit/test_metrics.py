@@ -35,6 +35,7 @@ from ipam.store.local import LocalStore
 from tests.logtee import PYTHONPATH
 from tests.memstore import Backend, MemoryStore
 from tests.nsutil import REPO
+from tests.unit.helpers import written
 from tests.unit.ipam.test_engine import Clock, Flaky, addrs, make
 from tests.unit.test_import_cost import modules
 
@@ -192,7 +193,8 @@ def test_combiner_counts_each_ops_races_once(rec: Recorder) -> None:
 
     def execute(batch: list[Op]) -> None:
         for i, op in enumerate(batch):
-            op.claims.lost, op.done = i + 2, True
+            op.claims.lost = i + 2
+            written(op)
 
     Combiner().run(ops, execute)
     assert rec.of("conflict") == [("conflict", "", "reservation", 5)]

@@ -26,7 +26,7 @@ from ipam.engine import Engine
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.ranges import IPRange
 from tests.memstore import Backend, MemoryStore
-from tests.unit.helpers import in_threads, until
+from tests.unit.helpers import in_threads, until, written
 
 A = Allocation("ca", "ns/a", "net1", "", "n", "node1")
 B = Allocation("cb", "ns/b", "net1", "", "n", "node1")
@@ -195,7 +195,7 @@ def test_combiner_runs_queued_ops_of_other_threads() -> None:
             inside.set()
             assert release.wait(30)
         for op in group:
-            op.done = True
+            written(op)
 
     first = threading.Thread(target=comb.run, args=([ops["a"]], execute))
     first.start()
@@ -419,7 +419,7 @@ def test_a_paced_combiner_waits_as_long_as_the_previous_write_took() -> None:
         began.append(time.monotonic())
         time.sleep(0.05)
         for op in ops:
-            op.done = True
+            written(op)
         ended.append(time.monotonic())
 
     paced = batch.Combiner(pace=1.0)

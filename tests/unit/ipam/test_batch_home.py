@@ -16,6 +16,7 @@ from ipam.batch import Op
 from ipam.config import from_dict
 from ipam.model import Allocation
 from tests import nsutil
+from tests.unit.helpers import written
 
 pytestmark = pytest.mark.skipif(not nsutil.is_root(), reason="needs root: makes a network namespace")
 
@@ -53,7 +54,7 @@ def test_a_batch_started_from_a_call_in_another_namespace_runs_in_the_agents(
         seen["thread"] = threading.current_thread().name
         seen["netns"], seen["cwd"] = _netns(), os.getcwd()
         for o in group:
-            o.done = True
+            written(o)
 
     def call() -> None:  # an agent call thread, in its caller's namespace and directory
         try:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from cni.errors import CniError, Code
 from ipam import nodequeue
-from ipam.batch import Op
+from ipam.batch import DECIDED, FAILED, WRITTEN, Op
 from ipam.config import from_dict
 from ipam.model import Allocation
 
@@ -36,9 +36,11 @@ def test_a_request_round_trips_and_its_outcome_comes_back(tmp_path: Path) -> Non
     assert [op.want for op in taken.ops] == [11, None]  # a requested address (ipam.requested) travels
     add, rel = taken.ops
     created, mine_ = {"198.51.100.11": "7"}, {"198.51.100.11": 11}
-    add.offsets, add.claims.created, add.claims.mine, add.done = [11], dict(created), dict(mine_), True
-    rel.freed, rel.known, rel.done = [(5, A)], {"2001:db8::5": "9"}, True
-    rel.error = CniError("pool full", "details", code=Code.POOL_EXHAUSTED)
+    add.offsets, add.claims.created, add.claims.mine = [11], dict(created), dict(mine_)
+    add.to(DECIDED)
+    add.to(WRITTEN)
+    rel.freed, rel.known = [(5, A)], {"2001:db8::5": "9"}
+    rel.to(FAILED, CniError("pool full", "details", code=Code.POOL_EXHAUSTED))
     assert not theirs.answered()
     taken.answer()
     assert theirs.answered()
@@ -99,11 +101,13 @@ def test_a_retry_after_a_failed_write_takes_the_same_operations_with_their_reser
     assert theirs is not None and mine is not None
     [first] = nodequeue.take(mine, 128).ops
     first.claims.created["198.51.100.10"], first.claims.mine["198.51.100.10"] = "7", 10
-    first.done, first.error = True, CniError("exhausted on a stale view", code=Code.POOL_EXHAUSTED)
+    first.to(FAILED, CniError("exhausted on a stale view", code=Code.POOL_EXHAUSTED))
     again = nodequeue.take(mine, 128)  # the write failed: nothing was answered
     assert again.ops == [first] and again.ops[0] is first
     assert (first.done, first.error, first.claims.mine) == (False, None, {"198.51.100.10": 10})
-    first.offsets, first.done = [10], True
+    first.offsets = [10]
+    first.to(DECIDED)
+    first.to(WRITTEN)
     again.answer()
     assert theirs.answered() and theirs.ops[0].claims.created == {"198.51.100.10": "7"}
     theirs.close()

@@ -1,0 +1,73 @@
+"""The batch state machine of an IPAM operation (ipam.batch.Op.to): pending -> decided -> answered ->
+written | failed, every other move refused."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from cni.errors import CniError, Code
+from ipam.batch import ANSWERED, DECIDED, FAILED, FINAL, PENDING, TRANSITIONS, WRITTEN, IllegalTransition, Op
+from ipam.config import from_dict
+from ipam.model import Allocation
+
+STATES = (PENDING, DECIDED, ANSWERED, WRITTEN, FAILED)
+LEGAL = {
+    (PENDING, DECIDED), (PENDING, FAILED),
+    (DECIDED, ANSWERED), (DECIDED, WRITTEN), (DECIDED, FAILED), (DECIDED, PENDING),
+    (ANSWERED, WRITTEN), (ANSWERED, FAILED), (ANSWERED, PENDING),
+    (FAILED, PENDING),
+}  # fmt: skip
+PATH = {  # a legal way from pending to each state
+    PENDING: (), DECIDED: (DECIDED,), ANSWERED: (DECIDED, ANSWERED), WRITTEN: (DECIDED, WRITTEN),
+    FAILED: (FAILED,),
+}  # fmt: skip
+ERR = CniError("pool full", code=Code.POOL_EXHAUSTED)
+
+
+def op_in(state: str) -> Op:
+    rng = from_dict({"datastore": "local", "range": "198.51.100.0/24"}).ranges[0]
+    op = Op("add", rng, Allocation("c1", "ns/p1", "net1"), False)
+    for step in PATH[state]:
+        op.to(step, ERR if step == FAILED else None)
+    return op
+
+
+def test_the_table_is_exactly_the_designed_one() -> None:
+    assert {(a, b) for a, targets in TRANSITIONS.items() for b in targets} == LEGAL
+    assert set(TRANSITIONS) == set(STATES) and set(FINAL) == {WRITTEN, FAILED}
+
+
+@pytest.mark.parametrize(("old", "new"), list(itertools.product(STATES, STATES)))
+def test_every_move_the_table_lists_is_taken_and_every_other_refused(old: str, new: str) -> None:
+    op = op_in(old)
+    error = ERR if new == FAILED else None
+    if (old, new) in LEGAL:
+        op.to(new, error)
+        assert op.state == new and op.error is error and op.done == (new in FINAL)
+    else:
+        with pytest.raises(IllegalTransition, match=f"{old} -> {new}"):
+            op.to(new, error)
+        assert op.state == old  # refused: nothing changed
+
+
+def test_failed_takes_an_error_and_every_other_state_clears_it() -> None:
+    op = op_in(PENDING)
+    with pytest.raises(IllegalTransition):
+        op.to(FAILED)  # a failure without its error
+    with pytest.raises(IllegalTransition):
+        op.to(DECIDED, ERR)
+    op.to(FAILED, ERR)
+    assert op.done and op.error is ERR
+    op.to(PENDING)  # taken back (a rewrite, a queue hand-back)
+    assert not op.done and op.error is None
+
+
+def test_told_records_an_answer_once_given_across_a_rewrite() -> None:
+    op = op_in(ANSWERED)
+    assert op.told and not op.done
+    op.to(FAILED, ERR)  # its batch failed after the answer
+    op.to(PENDING)  # taken into the next batch (ipam.batch._owed)
+    assert op.told and op.state == PENDING  # decided again on the address it was answered with
+    assert not op_in(WRITTEN).told  # written without an early answer
