@@ -34,7 +34,7 @@ class Sink:
         """One IPAM call (code 0: success)."""
 
     def retry(self, store: str, reason: str) -> None:
-        """A store operation attempted again: conflict, busy, unavailable, again."""
+        """A store operation attempted again: conflict, busy, unavailable."""
 
     def conflict(self, store: str, kind: str, n: int = 1) -> None:
         """Writes lost to another writer: `pool` (compare-and-swap) or `reservation` (a racer's)."""

@@ -31,7 +31,7 @@ from ipam.config import IpamConfig
 from ipam.model import Allocation, Attachment, Pool, PoolUpdate, PoolView, Reservation, by_attachment, joined
 from ipam.ranges import IPRange
 from ipam.reservations import Reservations, reserved_for
-from ipam.retry import Again, Retry, retrying
+from ipam.retry import Retry, retrying
 from ipam.store.base import Conflict, Store, StoreUnavailable
 from ipam.store.names import pool_name
 
@@ -213,7 +213,8 @@ class Engine:
         pending += taken.ops
         hot = None if lock is None else lock.hot()
         lost = sum(op.claims.lost for op in pending)
-        view, changes, decided, cached = self._decide_batch(rng, lock, pending, hot, tries.reread)
+        view, got, cached = self._decide_batch(rng, lock, pending, hot, tries.reread)
+        changes, decided = got.changes, got.decided
         comb = batch.combiner((self.identity, name)) if self.defers and batch.sharing() else None
         if comb is not None and comb.defer and grow is not None:
             comb.answer([op for op in decided if op.overlapping])  # the others wait for the write
@@ -274,9 +275,10 @@ class Engine:
             more: list[Op] = []
             mark = changes.mark()
             try:
-                _, more, _ = self._decide_all(view, arrived, hot, snapshot=cached, changes=changes)
-            except _Stale:
-                changes.restore(mark)  # none of them is written with this batch
+                got = self._decide_all(view, arrived, hot, snapshot=cached, changes=changes)
+                more = [] if got.stale else got.decided
+                if got.stale:
+                    changes.restore(mark)  # none of them is written with this batch
             finally:  # raised or not: what was not decided goes back, as it came; so does a DEL that
                 # found nothing on this view (the next batch looks at the pool as stored first)
                 more = [op for op in more if op.kind == "add" or op.freed]
@@ -297,9 +299,9 @@ class Engine:
     def _decide_batch(
         self, rng: IPRange, lock: nodelock.Held | None, pending: list[Op], hot: bool | None,
         reread: bool = False,
-    ) -> tuple[PoolView, BatchView, list[Op], bool]:  # fmt: skip
-        """Decide the batch (see _step): (the view decided on, the changes, the ops decided, whether the
-        view is the node's snapshot). The snapshot serves DELs, and ADDs while no other node raced this
+    ) -> tuple[PoolView, Pass, bool]:  # fmt: skip
+        """Decide the batch (see _step): (the view decided on, the pass, whether the view is the
+        node's snapshot). The snapshot serves DELs, and ADDs while no other node raced this
         one on the pool and no foreign write was seen lately: an ADD must see every entry of its pod,
         also one written outside this node's lock (upstream whereabouts during a migration), so its
         write then needs the whole pool still at the snapshot's version. A snapshot found stale on the
@@ -311,43 +313,44 @@ class Engine:
         (the lock's `floor`: the store may answer from a cache, which holds every write of this node);
         an ADD that fails or a DEL that finds nothing there, and every attempt after a failed write,
         reads the pool as stored."""
-        adds = any(op.kind == "add" for op in pending)
-        trusted = not adds or (lock is not None and not hot and not lock.foreign())
-        kept = self._kept_view(rng, lock) if trusted else None
-        reread = reread or any(op.rewrites for op in pending)  # a write of theirs failed: as stored
-        floor = "" if kept or lock is None or reread else lock.floor()
-        view = kept or self._view(rng, floor)
         before = [op.claims.lost for op in pending]  # (every op pending: _step)
-        stale = False
-        try:
-            changes, decided, claimed = self._decide_all(view, pending, hot, snapshot=kept is not None)
-        except _Stale:
-            stale = True
-        if kept is None:
-            if hot and claimed and not self.store.merges:
-                again = self._view(rng)
-                if again.version != view.version:
-                    view = again
-                    _undecide(pending)
-                    changes, decided, _ = self._decide_all(view, [op for op in pending if not op.done], hot)
-            failed = adds and any(op.state == batch.FAILED for op in pending)
-            if not floor or not (failed or any(op.kind == "del" and not op.freed for op in decided)):
-                return view, changes, decided, False
+        kept = self._kept_view(rng, lock) if _trusts_snapshot(lock, pending, hot) else None
+        if kept is not None:
+            got = self._decide_all(kept, pending, hot, snapshot=True)
+            if not _lacking(got, pending):
+                return kept, got, True
+            if lock is not None and (got.stale or _failed_add(pending)):
+                lock.seen_foreign(HOT_SECONDS)
+        else:
+            reread = reread or any(op.rewrites for op in pending)  # a write of theirs failed: as stored
+            floor = "" if lock is None or reread else lock.floor()
+            view, got = self._decide_fresh(rng, self._view(rng, floor), pending, hot)
+            if not floor or not _lacking(got, pending):
+                return view, got, False
             # an ADD failed or a DEL found nothing on the cached read: what it lacked may be newer than
             # the cache (written outside this node's lock): decide again on the pool as stored
-        if stale or (adds and any(op.state == batch.FAILED for op in pending)):
-            if lock is not None and kept is not None:
-                lock.seen_foreign(HOT_SECONDS)
+        if got.stale or _failed_add(pending):
             for op, n in zip(pending, before, strict=True):
                 op.claims.lost = n
             _undecide(pending, failed=True)
-        elif not any(op.kind == "del" and not op.freed for op in decided):
-            return view, changes, decided, True
         else:
             _undecide(pending)
         view = self._view(rng)  # stale, or a DEL found nothing in the snapshot: the pool as stored
-        changes, decided, _ = self._decide_all(view, [op for op in pending if not op.done], hot)
-        return view, changes, decided, False
+        return view, self._decide_all(view, [op for op in pending if not op.done], hot), False
+
+    def _decide_fresh(
+        self, rng: IPRange, view: PoolView, pending: list[Op], hot: bool | None
+    ) -> tuple[PoolView, Pass]:
+        """Decide on a pool read from the store. On a pool other nodes write too (`hot`) and a store
+        that checks whole versions, when the pass created reservations: decided again on the pool read
+        again if it moved meanwhile (see _step)."""
+        got = self._decide_all(view, pending, hot)
+        if hot and got.claimed and not self.store.merges:
+            again = self._view(rng)
+            if again.version != view.version:
+                _undecide(pending)
+                return again, self._decide_all(again, [op for op in pending if not op.done], hot)
+        return view, got
 
     def _from_queue(
         self, lock: nodelock.Held | None, ticket: nodequeue.Ticket | None, pending: int
@@ -431,85 +434,93 @@ class Engine:
     def _decide_all(
         self, view: PoolView, pending: list[Op], hot: bool | None, snapshot: bool = False,
         changes: BatchView | None = None,
-    ) -> tuple[BatchView, list[Op], bool]:  # fmt: skip
-        """Decide every op on `view` (after the decisions already in `changes`, if given): (the changes,
-        the ops decided, whether any reservation was created on the way). An op's own failure is final
-        for it. On the node's `snapshot`, _Stale as soon as a candidate's reservation shows it out of
-        date."""
-        changes = changes if changes is not None else BatchView(view)
-        decided = []
+    ) -> Pass:  # fmt: skip
+        """Decide every op on `view` (after the decisions already in `changes`, if given). An op's own
+        failure is final for it. On the node's `snapshot`, the pass stops as soon as a candidate's
+        reservation shows the snapshot out of date (Pass.stale: decide on the pool as stored)."""
+        done = Pass(changes if changes is not None else BatchView(view))
         created = sum(len(op.claims.created) for op in pending)
         for op in pending:
             try:
-                if op.kind == "add":
-                    self._decide_add(op, changes, hot, snapshot)
-                else:  # the entries as stored (reservations follow them)
-                    freed = decide.one(changes, decide.Del(op.owner), ())
+                if op.kind == "del":  # the entries as stored (reservations follow them)
+                    freed = decide.one(done.changes, decide.Del(op.owner), ())
                     assert isinstance(freed, decide.Freed)
                     op.freed = freed.offsets
+                elif not self._decide_add(op, done.changes, hot, snapshot):
+                    done.stale = True
+                    break
             except (StoreUnavailable, Conflict):
                 raise
             except CniError as e:  # this op's own failure (pool exhausted, candidates keep going)
                 op.to(batch.FAILED, e)
                 continue
             op.to(batch.DECIDED)
-            decided.append(op)
-        return changes, decided, sum(len(op.claims.created) for op in pending) > created
+            done.decided.append(op)
+        done.claimed = sum(len(op.claims.created) for op in pending) > created
+        return done
 
     def _decide_add(
         self, op: Op, changes: BatchView, hot: bool | None = None, snapshot: bool = False
-    ) -> None:
+    ) -> bool:
         """Decide an ADD through the core (ipam.decide) until it needs no claim that is refused: each
         refused claim blocks that offset and the core decides again (a lost race: the batch's other ops
-        keep off it too). Stores that serialise writers (exclusive()) never lose races: the lowest free
-        address there; after lost races, one of the lowest few (`spread`); on a pool other nodes are
-        racing on (`hot`), the lowest free after a random point of the range, so the nodes' writers stop
-        meeting on the same few lowest addresses."""
-        serial = self.store.serial
+        keep off it too). False, undecided: on the node's `snapshot`, a candidate reserved by a racer
+        after it was taken (the snapshot is stale). Its own failure (the pool full, a requested address
+        taken, candidates taken again and again) is raised."""
         if op.told and op.offsets:  # answered before its write: it keeps that address, or nothing
             self._decide_answered(op, changes)
-            return
+            return True
         segments = allocator.segments_as_offsets(op.rng)
         while True:
-            scatter = not serial and hot is not None and (hot or op.claims.lost > 0)
-            width = 1 if serial or scatter else spread(op.claims)
-            if op.want is not None and op.want in op.claims.holders:  # refused by its reservation before
-                raise allocator.taken(op.rng, op.want, op.claims.holders[op.want],
-                                      f"reservation {self.reservation_name(op.rng, op.want)}")  # fmt: skip
-            want = decide.Add(
-                op.owner, tuple(sorted(op.claims.mine.values())), frozenset(op.claims.blocked),
-                claims=op.overlapping, spread=width, pick=self.retry.rand() if width > 1 else 0.0,
-                start=decide.scatter(segments, self.retry.rand()) if scatter else None, want=op.want,
-            )  # fmt: skip
-            outcome = decide.add(changes, want, segments)
+            outcome = decide.add(changes, self._wanted(op, hot, segments), segments)
             decision = allocator.decision(op.rng, changes, op.owner, outcome)  # full, or a request refused
             assert isinstance(outcome, decide.Took)  # (decision() raised for any other)
             if outcome.claim:
                 lost, blocked = op.claims.lost, len(op.claims.blocked)
-                try:
-                    self.reservations.claim(op, decision, changes.version)
-                except Again:
-                    holder = op.claims.holders.get(decision.offset)
-                    if op.want is not None and holder is not None:  # reserved for another attachment
-                        name = self.reservation_name(op.rng, op.want)
-                        raise allocator.taken(op.rng, op.want, holder, f"reservation {name}") from None
-                    if snapshot and op.claims.lost > lost:
-                        raise _Stale() from None  # reserved after the snapshot was taken: read the pool
-                    if op.claims.lost > lost:
-                        op.started = self.retry.clock()  # lost to a racer: progress elsewhere
-                        changes.hold(decision.offset)  # and no other op of this batch tries it again
-                    elif len(op.claims.blocked) > blocked:  # held for good (another network): one
-                        op.started = self.retry.clock()  # address fewer to walk, a bounded walk
-                    now = self.retry.clock()
-                    if now - op.started > self.retry.deadline or now - op.begun > self.retry.limit:
-                        raise TryAgainError(
-                            f"allocating in {op.rng.cidr}: gave up: candidates keep being taken elsewhere"
-                        ) from None
+                if not self.reservations.claim(op, decision, changes.version):
+                    if snapshot and op.claims.lost > lost and op.want is None:
+                        return False  # reserved after the snapshot was taken: read the pool
+                    self._refused(op, changes, decision.offset, lost, blocked)
                     continue
                 faults.point("store-reserve")  # tests: the address reserved, the pool not yet written
             decide.apply(changes, outcome, op.owner, self.lean)
             op.offsets = [decision.offset]
-            return
+            return True
+
+    def _wanted(self, op: Op, hot: bool | None, segments: list[tuple[int, int]]) -> decide.Add:
+        """What the core is asked for an ADD. Stores that serialise writers (exclusive()) never lose
+        races: the lowest free address there; after lost races, one of the lowest few (`spread`); on a
+        pool other nodes are racing on (`hot`), the lowest free after a random point of the range, so
+        the nodes' writers stop meeting on the same few lowest addresses."""
+        serial = self.store.serial
+        scatter = not serial and hot is not None and (hot or op.claims.lost > 0)
+        width = 1 if serial or scatter else spread(op.claims)
+        if op.want is not None and op.want in op.claims.holders:  # refused by its reservation before
+            raise allocator.taken(op.rng, op.want, op.claims.holders[op.want],
+                                  f"reservation {self.reservation_name(op.rng, op.want)}")  # fmt: skip
+        return decide.Add(
+            op.owner, tuple(sorted(op.claims.mine.values())), frozenset(op.claims.blocked),
+            claims=op.overlapping, spread=width, pick=self.retry.rand() if width > 1 else 0.0,
+            start=decide.scatter(segments, self.retry.rand()) if scatter else None, want=op.want,
+        )  # fmt: skip
+
+    def _refused(self, op: Op, changes: BatchView, offset: int, lost: int, blocked: int) -> None:
+        """A claim of `offset` refused (Reservations.claim): progress when it was a race lost (the
+        batch's other ops keep off it too) or an address held for good (one fewer to walk); the op gives
+        up once none is made for the retry policy's deadline, or its limit is reached."""
+        if op.want is not None and op.want in op.claims.holders:  # reserved for another attachment
+            name = self.reservation_name(op.rng, op.want)
+            raise allocator.taken(op.rng, op.want, op.claims.holders[op.want], f"reservation {name}")
+        if op.claims.lost > lost:
+            op.started = self.retry.clock()  # lost to a racer: progress elsewhere
+            changes.hold(offset)  # and no other op of this batch tries it again
+        elif len(op.claims.blocked) > blocked:  # held for good (another network): one
+            op.started = self.retry.clock()  # address fewer to walk, a bounded walk
+        now = self.retry.clock()
+        if now - op.started > self.retry.deadline or now - op.begun > self.retry.limit:
+            raise TryAgainError(
+                f"allocating in {op.rng.cidr}: gave up: candidates keep being taken elsewhere"
+            )
 
     def _decide_answered(self, op: Op, changes: BatchView) -> None:
         """An ADD answered before its pool write, decided again after the write failed: its address
@@ -686,8 +697,31 @@ def _undecide(ops: list[Op], failed: bool = False) -> None:
             op.to(batch.PENDING)
 
 
-class _Stale(Exception):
-    """A decision on the node's snapshot met a reservation newer than it: decide on the pool as stored."""
+class Pass:
+    """One pass of decisions over ops (Engine._decide_all): the changes, the ops decided, whether any
+    reservation was created on the way, and whether it stopped on a snapshot found `stale`."""
+
+    def __init__(self, changes: BatchView) -> None:
+        self.changes = changes
+        self.decided: list[Op] = []
+        self.claimed = False
+        self.stale = False
+
+
+def _trusts_snapshot(lock: nodelock.Held | None, pending: list[Op], hot: bool | None) -> bool:
+    """Whether the batch may start from the node's snapshot (see Engine._decide_batch)."""
+    adds = any(op.kind == "add" for op in pending)
+    return not adds or (lock is not None and not hot and not lock.foreign())
+
+
+def _failed_add(pending: list[Op]) -> bool:
+    return any(op.kind == "add" and op.state == batch.FAILED for op in pending)
+
+
+def _lacking(got: Pass, pending: list[Op]) -> bool:
+    """The view a pass decided on may lack newer writes: it stopped stale, an ADD failed on it, or a DEL
+    found nothing on it."""
+    return got.stale or _failed_add(pending) or any(op.kind == "del" and not op.freed for op in got.decided)
 
 
 def _pace(lock: nodelock.Held) -> None:

@@ -17,7 +17,7 @@ from ipam.batch import Claims, Op
 from ipam.config import IpamConfig
 from ipam.model import Allocation, Reservation
 from ipam.ranges import IPRange
-from ipam.retry import Again, Retry, retrying
+from ipam.retry import Retry, retrying
 from ipam.store.base import Conflict, Store, StoreUnavailable
 from ipam.store.names import reservation_address, reservation_name
 
@@ -40,29 +40,30 @@ class Reservations:
     def name(self, rng: IPRange, offset: int) -> str:
         return reservation_name(str(rng.address(offset)), self.conf.network_name)
 
-    def claim(self, op: Op, decision: allocator.Decision, pool_version: str | None = None) -> None:
+    def claim(self, op: Op, decision: allocator.Decision, pool_version: str | None = None) -> bool:
         """The cluster-wide reservation of the decided address: created (POST first: one request when it
-        is free), kept when this attachment holds it, taken over for the same pod and interface; a
-        candidate held by someone else is blocked and Again asks for another."""
+        is free), kept when this attachment holds it, taken over for the same pod and interface: True.
+        False: the op decides again; a candidate held by someone else is blocked (op.claims says who
+        holds it and whether that was a race lost), one deleted or changed meanwhile is judged again."""
         rng, owner, claims = op.rng, op.owner, op.claims
         name = self.name(rng, decision.offset)
         if claims.mine.get(name) == decision.offset:
-            return  # created by this call (a lost pool commit leaves it ours): no need to read it again
+            return True  # created by this call (a lost pool commit leaves it ours): not read again
         try:
             claims.created[name] = self.store.put_reservation(Reservation(name, owner))
             claims.mine[name] = decision.offset
-            return
+            return True
         except Conflict:  # it exists: whose is it?
             res = self.store.get_reservation(name)
         if res is None:  # deleted since: judged again at once
-            raise Again()
+            return False
         if res.owner.same_attachment(owner):
-            return
+            return True
         if res.owner.same_pod_interface(owner) or legacy_same_pod(res.owner, owner):
             try:
                 version = self.store.put_reservation(Reservation(name, owner, res.version))
             except Conflict:
-                raise Again() from None
+                return False
             if name in claims.created:
                 claims.created[name] = version
         elif decision.kind == "new":
@@ -71,7 +72,7 @@ class Reservations:
             same_network = bool(res.owner.network) and res.owner.network == owner.network
             if same_network or newer(res.version, pool_version):
                 claims.lost += 1  # a racer (a reservation older than the pool we read: a steady block)
-            raise Again()
+            return False
         else:
             log.error(
                 "%s: pool %s gives it to %s/%s but reservation %s names %s/%s",
@@ -83,6 +84,7 @@ class Reservations:
                 res.owner.container_id,
                 res.owner.ifname,
             )
+        return True
 
     def drop(self, claims: Claims, keep: str, owner: Allocation) -> None:
         """Reservations this call created for candidates it did not end up with."""

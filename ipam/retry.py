@@ -1,6 +1,6 @@
 """Retrying one store operation: compare-and-swap conflicts with jittered exponential backoff under a
-deadline (then code 11 saying so), an unreachable store for a short grace (then its own code 11),
-and `Again` (try a new candidate at once) without sleeping.
+deadline (then code 11 saying so), an unreachable store for a short grace (then its own code 11).
+A candidate address found taken is no error here: the engine decides again at once (ipam.engine).
 
 A conflict is progress: another writer committed. So conflicts are retried while they keep coming,
 up to `limit` (upstream whereabouts' ADD time limit): 200 racers on one pool of a cluster store
@@ -43,10 +43,6 @@ class Retry:
     rand: Callable[[], float] = field(default=_random, compare=False)
 
 
-class Again(Exception):
-    """The attempt learnt something (a candidate is taken elsewhere): run it again at once."""
-
-
 def retrying[T](policy: Retry, what: str, attempt: Callable[[], T]) -> T:
     clock = policy.clock
     start, conflicts, down_since = clock(), 0, None
@@ -54,11 +50,6 @@ def retrying[T](policy: Retry, what: str, attempt: Callable[[], T]) -> T:
     while True:
         try:
             return attempt()
-        except Again:
-            if clock() - progress > policy.deadline or clock() - start > policy.limit:
-                raise TryAgainError(f"{what}: gave up: candidates keep being taken elsewhere") from None
-            metrics.retry("again")
-            continue
         except Conflict:
             conflicts += 1
             progress = clock()

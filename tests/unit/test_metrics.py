@@ -29,7 +29,7 @@ from ipam.engine import Engine
 from ipam.model import Allocation, Reservation
 from ipam.podsource import PodInfo
 from ipam.reconciler import Reconciler
-from ipam.retry import Again, Retry, retrying
+from ipam.retry import Retry, retrying
 from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
 from ipam.store.local import LocalStore
 from tests.logtee import PYTHONPATH
@@ -145,7 +145,7 @@ def test_metrics_address_refused(text: str) -> None:
 
 
 def test_retry_loop_counts_each_retry_and_conflict_under_the_calls_store(rec: Recorder) -> None:
-    raised = [Conflict("x"), Conflict("x"), StoreBusy("busy"), StoreUnavailable("down"), Again()]
+    raised = [Conflict("x"), Conflict("x"), StoreBusy("busy"), StoreUnavailable("down")]
 
     def attempt() -> str:
         if raised:
@@ -158,7 +158,7 @@ def test_retry_loop_counts_each_retry_and_conflict_under_the_calls_store(rec: Re
     assert rec.seen == [
         ("conflict", "etcd", "pool", 1), ("retry", "etcd", "conflict"),
         ("conflict", "etcd", "pool", 1), ("retry", "etcd", "conflict"),
-        ("retry", "etcd", "busy"), ("retry", "etcd", "unavailable"), ("retry", "etcd", "again"),
+        ("retry", "etcd", "busy"), ("retry", "etcd", "unavailable"),
         ("ipam", "etcd", "ADD", 0),
     ]
     assert metrics.STORE.get() == ""  # the label ends with the call
