@@ -152,3 +152,11 @@ def parse_exclude(value: object, net: f.IPNetwork, path: str) -> f.IPNetwork:
     if ex.version != net.version or not ex.subnet_of(net):  # type: ignore[arg-type]
         raise ConfigError(f"{path}: {ex} is not inside the range {net}")
     return ex
+
+
+def same_network(stored: str, rng: IPRange) -> bool:
+    """spec.range as written by us or upstream (host bits set or not) names the same network."""
+    try:
+        return ipaddress.ip_network(stored, strict=False) == rng.network
+    except ValueError:
+        return False

@@ -1,4 +1,4 @@
-"""What the engine saves on the real kube-apiserver between calls of one node (ipam.engine._step,
+"""What the engine saves on the real kube-apiserver between calls of one node (ipam.attempt,
 ipam.nodelock snapshots, ipam.store.kube known reservations), counted request by request, and that
 what it skips never costs correctness: an entry the snapshot does not hold is still found and freed."""
 
@@ -168,7 +168,7 @@ def test_calls_waiting_on_the_node_lock_are_served_by_the_holders_write(
     in the queue; A's call takes them into its write (one PATCH for three addresses, a reservation
     each) and answers them; B then finds its answer under the lock and sends nothing. A request
     whose caller died is dropped, not served."""
-    from ipam import batch, nodelock, nodequeue
+    from ipam import batch, exec_plain, nodelock, nodequeue
 
     engine, sent = _engine(tenant, tmp_path)
     rng = engine.conf.ranges[0]
@@ -188,7 +188,7 @@ def test_calls_waiting_on_the_node_lock_are_served_by_the_holders_write(
     b, c = waiting["ns/b"], waiting["ns/c"]
     assert b is not None and c is not None
     other, sent_b = _engine(tenant, tmp_path)
-    other._step(POOL, b.ops, b)  # B's turn at the lock: its answer is there
+    exec_plain.attempt(other, POOL, b.ops, b)  # B's turn at the lock: its answer is there
     assert sent_b == [] and b.ops[0].done and b.ops[0].error is None
     assert c.answered()
     offsets = {a, b.ops[0].offsets[0], c.ops[0].offsets[0]}

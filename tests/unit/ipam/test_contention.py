@@ -5,9 +5,10 @@ next one), it keeps a reservation it already made, and conflicts count as progre
 from __future__ import annotations
 
 from ipam import allocator
+from ipam.attempt import SPREAD_MAX, spread
 from ipam.batch import Claims
 from ipam.config import from_dict
-from ipam.engine import SPREAD_MAX, Engine, spread
+from ipam.engine import Engine
 from ipam.model import Allocation, Pool, Reservation
 from ipam.retry import Retry
 from tests.memstore import Backend, MemoryStore

@@ -1,4 +1,4 @@
-"""Engine: after lost races a call picks among the lowest free candidates at random (ipam.engine._spread),
+"""Engine: after lost races a call picks among the lowest free candidates at random (ipam.attempt.spread),
 so hundreds of writers starting together on a cluster store do not queue for one address at a time."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from ipam.attempt import SPREAD_MAX
 from ipam.config import from_dict
-from ipam.engine import SPREAD_MAX, Engine
+from ipam.engine import Engine
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.retry import Retry
 from ipam.store.base import Conflict

@@ -1,0 +1,356 @@
+"""One attempt at a batch of one pool, whatever the execution mode: under the node lock, every op not yet
+done decided in turn through the core (ipam.decide) on the node's snapshot or the stored pool, then one
+compare-and-swap write. ipam.retry runs attempts until one writes; each op's state (ipam.batch.Op.to)
+says where it is. What a mode adds (the plugin process' node queue: ipam.exec_plain; the agent's early
+answers and arrivals: ipam.exec_agent) comes in through `Mode`.
+
+A batch starts from the node lock's snapshot when the previous holder on this node left one
+(ipam.nodelock.Held: the store's answer to its write), else from the store: a batch of DELs always, one
+with ADDs while the pool is not `hot` (no race lost to another node and no foreign write seen lately: on
+a pool this node alone writes, an ADD then costs no read). A snapshot may lack the latest writes of
+others: a DEL that finds nothing in it looks at the stored pool before saying so, a removal that no
+longer fits is a Conflict like any other, and a write with ADDs decided on a snapshot needs the whole
+pool unchanged since (a Conflict: the retry, and for a while the node's next ADDs, read the pool).
+
+On a pool other nodes write too (`hot`) and a store that checks whole versions (not `merges`), the
+reservations a pass created took round trips during which the pool may have moved on: the pool is read
+again and the batch decided again on it (each op keeps the address it reserved, no request), so the
+write follows its read at once instead of losing the compare-and-swap to whoever wrote meanwhile. A
+merging store guards entry by entry: no need."""
+
+from __future__ import annotations
+
+import time
+
+from cni import faults, log
+from cni.errors import CniError, TryAgainError
+from ipam import allocator, batch, decide, nodelock
+from ipam.allocator import SnapshotView
+from ipam.batch import BatchView, Claims, Op
+from ipam.model import Pool, PoolUpdate, PoolView
+from ipam.ranges import IPRange, same_network
+from ipam.retry import retrying
+from ipam.store.base import Conflict, StoreUnavailable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ipam.engine import Engine
+
+SPREAD_MAX = 32  # after lost races, pick among at most this many of the lowest free addresses
+HOT_SECONDS = 10.0  # after a race lost to another node, this node's calls scatter at once for this long
+
+
+def spread(claims: Claims) -> int:
+    """1 (the lowest free address) until two races are lost, then a window doubling per loss."""
+    return min(2 ** (claims.lost - 1), SPREAD_MAX) if claims.lost > 1 else 1
+
+
+class Mode:
+    """What an execution mode adds to an attempt; by default nothing (each hook's docstring)."""
+
+    releases = False  # DELs release their reservations in the batch, and are written only then
+
+    def enter(self, lock: nodelock.Held | None, pending: int) -> list[Op] | None:
+        """Under the node lock, before deciding: other calls' ops to take into the batch; None when
+        this call's ops were decided and written by another holder."""
+        return []
+
+    def decided(self, attempt: Attempt, view: PoolView, got: Pass, hot: bool | None, cached: bool,
+                pending: list[Op]) -> list[Op]:  # fmt: skip
+        """After the batch's pass, before its write: more ops decided on the same view."""
+        return []
+
+    def wrote(self, seconds: float) -> None:
+        """The pool write took `seconds`."""
+
+    def done(self, lock: nodelock.Held | None, decided: list[Op]) -> None:
+        """After a successful write, the ops decided written."""
+
+    def failed(self) -> None:
+        """The attempt raised (its ops pending again, or failed)."""
+
+
+class Pass:
+    """One pass of decisions over ops (Attempt.decide_all): the changes, the ops decided, whether any
+    reservation was created on the way, and whether it stopped on a snapshot found `stale`."""
+
+    def __init__(self, changes: BatchView) -> None:
+        self.changes = changes
+        self.decided: list[Op] = []
+        self.claimed = False
+        self.stale = False
+
+
+class Attempt:
+    """Attempts at the batch `ops` of pool `name` until one writes (`run`); `ops` is the batch's list
+    (the agent's arrivals join it). `reread` once a write of it failed: every attempt after it reads the
+    pool as stored (a cached read may not hold what that write met)."""
+
+    def __init__(self, engine: Engine, name: str, ops: list[Op], mode: Mode) -> None:
+        self.e, self.name, self.ops, self.mode = engine, name, ops, mode
+        self.reread = False
+
+    def run(self) -> None:
+        kind = "allocating" if self.ops[0].kind == "add" else "releasing"
+        retrying(self.e.retry, f"{kind} in {self.ops[0].rng.cidr}", self.step)
+
+    def step(self) -> None:
+        """One read-modify-write of the pool for every op of the batch not yet done: each decided in
+        turn against the pool plus the decisions before it, then one write. A Conflict on the write
+        leaves every op pending (the retry reads the pool again; reservations already made are kept)."""
+        pending = [op for op in self.ops if not op.done]
+        if not pending:
+            return
+        undecide(pending)  # an attempt before this one failed: its decisions are void
+        with self.e.atomic(self.name, pending[0].owner.node) as lock:
+            taken = self.mode.enter(lock, len(pending))
+            if taken is None:
+                return  # decided and written by another call on this node
+            try:
+                self._locked(lock, pending + taken)
+            except BaseException:
+                self.mode.failed()
+                raise
+
+    def _locked(self, lock: nodelock.Held | None, pending: list[Op]) -> None:
+        began = time.monotonic()
+        hot = None if lock is None else lock.hot()
+        lost = sum(op.claims.lost for op in pending)
+        view, got, cached = self.decide_batch(pending[0].rng, lock, pending, hot)
+        decided = got.decided + self.mode.decided(self, view, got, hot, cached, pending)
+        if lock is not None and sum(op.claims.lost for op in pending) > lost:
+            lock.heat(HOT_SECONDS)  # races lost to other nodes: the next calls here spread at once
+        version = self._write(lock, view, got.changes, cached, decided)
+        if lock is not None and version is not None:
+            lock.save(self.e.store.snapshot(self.name, version))
+            lock.keep_floor(version)
+        if lock is not None:
+            lock.took(time.monotonic() - began)
+        for op in decided:  # a mode that releases in the batch: its DELs written once released
+            if op.kind == "add" or not self.mode.releases:
+                op.to(batch.WRITTEN)
+        self.mode.done(lock, decided)
+        for op in decided:
+            if op.kind == "add":
+                log.debug("%s %s: %s (%s)", op.owner.container_id, op.owner.ifname,
+                          op.rng.address(op.offsets[0]), self.name)  # fmt: skip
+
+    def _write(
+        self, lock: nodelock.Held | None, view: PoolView, changes: BatchView, cached: bool, decided: list[Op]
+    ) -> str | None:
+        """The batch's one write (none when it changes nothing); the pool's version after it."""
+        update = changes.update()
+        if cached and any(op.kind == "add" for op in decided):
+            update = PoolUpdate(put=update.put, remove=update.remove, whole=True)
+        if not update or (view.version is None and not update.put):
+            return view.version
+        wrote = time.monotonic()
+        try:
+            version = self.e.commit(view, update)
+        except StoreUnavailable:  # the server may have applied the write all the same (StoreBusy:
+            # a read timeout, a 504): a retry may find these entries gone, their reservations not
+            for op in decided:
+                op.sent += [f for f in op.freed if f not in op.sent]
+            raise
+        except Conflict:
+            self.reread = True  # not a cached read next time: it may not hold what we met
+            if lock is not None and update.whole:  # written since the snapshot: read it for a while
+                lock.seen_foreign(HOT_SECONDS)
+            elif lock is not None:
+                lock.heat(HOT_SECONDS)  # another node wrote this pool meanwhile
+            raise
+        self.mode.wrote(time.monotonic() - wrote)
+        faults.point("store-commit")  # tests: inside the store transaction, before it ends
+        return version
+
+    # ---- deciding ---------------------------------------------------------------------------------
+
+    def decide_batch(
+        self, rng: IPRange, lock: nodelock.Held | None, pending: list[Op], hot: bool | None
+    ) -> tuple[PoolView, Pass, bool]:
+        """Decide the batch: (the view decided on, the pass, whether the view is the node's snapshot).
+        The snapshot serves DELs, and ADDs while no other node raced this one on the pool and no
+        foreign write was seen lately: an ADD must see every entry of its pod, also one written outside
+        this node's lock (upstream whereabouts during a migration), so its write then needs the whole
+        pool still at the snapshot's version. A snapshot found stale on the way (a candidate's
+        reservation is newer than it: the first such stops the pass before another candidate is
+        reserved; or an ADD failed on it) is no lost race: the pool is read and the batch decided again
+        (each op keeps the reservations it made, all of lowest free addresses).
+
+        Without a usable snapshot the pool is read at least as new as this node's last write of it
+        (the lock's `floor`: the store may answer from a cache, which holds every write of this node);
+        an ADD that fails or a DEL that finds nothing there, and every attempt after a failed write,
+        reads the pool as stored."""
+        before = [op.claims.lost for op in pending]  # (every op pending: step)
+        kept = self._kept_view(rng, lock) if _trusts_snapshot(lock, pending, hot) else None
+        if kept is not None:
+            got = self.decide_all(kept, pending, hot, snapshot=True)
+            if not _lacking(got, pending):
+                return kept, got, True
+            if lock is not None and (got.stale or _failed_add(pending)):
+                lock.seen_foreign(HOT_SECONDS)
+        else:
+            reread = self.reread or any(op.rewrites for op in pending)  # a write of theirs failed
+            floor = "" if lock is None or reread else lock.floor()
+            view, got = self._decide_fresh(rng, self.e.view(rng, floor), pending, hot)
+            if not floor or not _lacking(got, pending):
+                return view, got, False
+            # an ADD failed or a DEL found nothing on the cached read: what it lacked may be newer than
+            # the cache (written outside this node's lock): decide again on the pool as stored
+        if got.stale or _failed_add(pending):
+            for op, n in zip(pending, before, strict=True):
+                op.claims.lost = n
+            undecide(pending, failed=True)
+        else:
+            undecide(pending)
+        view = self.e.view(rng)  # stale, or a DEL found nothing in the snapshot: the pool as stored
+        return view, self.decide_all(view, [op for op in pending if not op.done], hot), False
+
+    def _decide_fresh(
+        self, rng: IPRange, view: PoolView, pending: list[Op], hot: bool | None
+    ) -> tuple[PoolView, Pass]:
+        """Decide on a pool read from the store. On a pool other nodes write too (`hot`) and a store
+        that checks whole versions, when the pass created reservations: decided again on the pool read
+        again if it moved meanwhile (module docstring)."""
+        got = self.decide_all(view, pending, hot)
+        if hot and got.claimed and not self.e.store.merges:
+            again = self.e.view(rng)
+            if again.version != view.version:
+                undecide(pending)
+                return again, self.decide_all(again, [op for op in pending if not op.done], hot)
+        return view, got
+
+    def _kept_view(self, rng: IPRange, lock: nodelock.Held | None) -> PoolView | None:
+        """The pool as the previous writer on this node left it (decide_batch), if usable."""
+        data = lock.load() if lock is not None else None
+        pool = self.e.store.restore(data) if data is not None else None
+        if not isinstance(pool, Pool) or not same_network(pool.range, rng):
+            return None
+        return SnapshotView(pool)
+
+    def decide_all(
+        self, view: PoolView, pending: list[Op], hot: bool | None, snapshot: bool = False,
+        changes: BatchView | None = None,
+    ) -> Pass:  # fmt: skip
+        """Decide every op on `view` (after the decisions already in `changes`, if given). An op's own
+        failure is final for it. On the node's `snapshot`, the pass stops as soon as a candidate's
+        reservation shows the snapshot out of date (Pass.stale: decide on the pool as stored)."""
+        done = Pass(changes if changes is not None else BatchView(view))
+        created = sum(len(op.claims.created) for op in pending)
+        for op in pending:
+            try:
+                if op.kind == "del":  # the entries as stored (reservations follow them)
+                    freed = decide.one(done.changes, decide.Del(op.owner), ())
+                    assert isinstance(freed, decide.Freed)
+                    op.freed = freed.offsets
+                elif not self._decide_add(op, done.changes, hot, snapshot):
+                    done.stale = True
+                    break
+            except (StoreUnavailable, Conflict):
+                raise
+            except CniError as e:  # this op's own failure (pool exhausted, candidates keep going)
+                op.to(batch.FAILED, e)
+                continue
+            op.to(batch.DECIDED)
+            done.decided.append(op)
+        done.claimed = sum(len(op.claims.created) for op in pending) > created
+        return done
+
+    def _decide_add(
+        self, op: Op, changes: BatchView, hot: bool | None = None, snapshot: bool = False
+    ) -> bool:
+        """Decide an ADD through the core (ipam.decide) until it needs no claim that is refused: each
+        refused claim blocks that offset and the core decides again (a lost race: the batch's other ops
+        keep off it too). False, undecided: on the node's `snapshot`, a candidate reserved by a racer
+        after it was taken (the snapshot is stale). Its own failure (the pool full, a requested address
+        taken, candidates taken again and again) is raised."""
+        if op.told and op.offsets:  # answered before its write: it keeps that address, or nothing
+            self._decide_answered(op, changes)
+            return True
+        segments = allocator.segments_as_offsets(op.rng)
+        while True:
+            outcome = decide.add(changes, self._wanted(op, hot, segments), segments)
+            decision = allocator.decision(op.rng, changes, op.owner, outcome)  # full, or a request refused
+            assert isinstance(outcome, decide.Took)  # (decision() raised for any other)
+            if outcome.claim:
+                lost, blocked = op.claims.lost, len(op.claims.blocked)
+                if not self.e.reservations.claim(op, decision, changes.version):
+                    if snapshot and op.claims.lost > lost and op.want is None:
+                        return False  # reserved after the snapshot was taken: read the pool
+                    self._refused(op, changes, decision.offset, lost, blocked)
+                    continue
+                faults.point("store-reserve")  # tests: the address reserved, the pool not yet written
+            decide.apply(changes, outcome, op.owner, self.e.lean)
+            op.offsets = [decision.offset]
+            return True
+
+    def _wanted(self, op: Op, hot: bool | None, segments: list[tuple[int, int]]) -> decide.Add:
+        """What the core is asked for an ADD. Stores that serialise writers (exclusive()) never lose
+        races: the lowest free address there; after lost races, one of the lowest few (`spread`); on a
+        pool other nodes are racing on (`hot`), the lowest free after a random point of the range, so
+        the nodes' writers stop meeting on the same few lowest addresses."""
+        serial = self.e.store.serial
+        scatter = not serial and hot is not None and (hot or op.claims.lost > 0)
+        width = 1 if serial or scatter else spread(op.claims)
+        if op.want is not None and op.want in op.claims.holders:  # refused by its reservation before
+            raise allocator.taken(op.rng, op.want, op.claims.holders[op.want],
+                                  f"reservation {self.e.reservation_name(op.rng, op.want)}")  # fmt: skip
+        return decide.Add(
+            op.owner, tuple(sorted(op.claims.mine.values())), frozenset(op.claims.blocked),
+            claims=op.overlapping, spread=width, pick=self.e.retry.rand() if width > 1 else 0.0,
+            start=decide.scatter(segments, self.e.retry.rand()) if scatter else None, want=op.want,
+        )  # fmt: skip
+
+    def _refused(self, op: Op, changes: BatchView, offset: int, lost: int, blocked: int) -> None:
+        """A claim of `offset` refused (Reservations.claim): progress when it was a race lost (the
+        batch's other ops keep off it too) or an address held for good (one fewer to walk); the op gives
+        up once none is made for the retry policy's deadline, or its limit is reached."""
+        if op.want is not None and op.want in op.claims.holders:  # reserved for another attachment
+            name = self.e.reservation_name(op.rng, op.want)
+            raise allocator.taken(op.rng, op.want, op.claims.holders[op.want], f"reservation {name}")
+        if op.claims.lost > lost:
+            op.started = self.e.retry.clock()  # lost to a racer: progress elsewhere
+            changes.hold(offset)  # and no other op of this batch tries it again
+        elif len(op.claims.blocked) > blocked:  # held for good (another network): one
+            op.started = self.e.retry.clock()  # address fewer to walk, a bounded walk
+        now = self.e.retry.clock()
+        if now - op.started > self.e.retry.deadline or now - op.begun > self.e.retry.limit:
+            raise TryAgainError(
+                f"allocating in {op.rng.cidr}: gave up: candidates keep being taken elsewhere"
+            )
+
+    def _decide_answered(self, op: Op, changes: BatchView) -> None:
+        """An ADD answered before its pool write, decided again after the write failed: its address
+        again (its reservation is this call's: no request). Should the pool now give that address to
+        another entry (a writer that ignores reservations), the entry is not written: said in the log,
+        the reservation still holds the address for the attachment that was told it."""
+        want = op.offsets[0]
+        segments = allocator.segments_as_offsets(op.rng)
+        outcome = decide.one(changes, decide.Add(op.owner, answered=want), segments, self.e.lean)
+        if isinstance(outcome, decide.Displaced):
+            log.error("%s %s: %s was answered, but pool %s now holds it for another entry: not written",
+                      op.owner.container_id, op.owner.ifname, op.rng.address(want), changes.name)  # fmt: skip
+
+
+def undecide(ops: list[Op], failed: bool = False) -> None:
+    """The decisions of `ops` void (their view was stale, or an attempt failed): pending again; with
+    `failed`, also the failures met on that view."""
+    for op in ops:
+        if op.state in (batch.DECIDED, batch.ANSWERED) or (failed and op.state == batch.FAILED):
+            op.to(batch.PENDING)
+
+
+def _trusts_snapshot(lock: nodelock.Held | None, pending: list[Op], hot: bool | None) -> bool:
+    """Whether the batch may start from the node's snapshot (Attempt.decide_batch)."""
+    adds = any(op.kind == "add" for op in pending)
+    return not adds or (lock is not None and not hot and not lock.foreign())
+
+
+def _failed_add(pending: list[Op]) -> bool:
+    return any(op.kind == "add" and op.state == batch.FAILED for op in pending)
+
+
+def _lacking(got: Pass, pending: list[Op]) -> bool:
+    """The view a pass decided on may lack newer writes: it stopped stale, an ADD failed on it, or a DEL
+    found nothing on it."""
+    return got.stale or _failed_add(pending) or any(op.kind == "del" and not op.freed for op in got.decided)
