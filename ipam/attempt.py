@@ -190,13 +190,9 @@ class Attempt:
             if lock is not None and (got.stale or _failed_add(pending)):
                 lock.seen_foreign(HOT_SECONDS)
         else:
-            reread = self.reread or any(op.rewrites for op in pending)  # a write of theirs failed
-            floor = "" if lock is None or reread else lock.floor()
-            view, got = self._decide_fresh(rng, self.e.view(rng, floor), pending, hot)
-            if not floor or not _lacking(got, pending):
+            view, got, final = self._decide_read(rng, lock, pending, hot)
+            if final:
                 return view, got, False
-            # an ADD failed or a DEL found nothing on the cached read: what it lacked may be newer than
-            # the cache (written outside this node's lock): decide again on the pool as stored
         if got.stale or _failed_add(pending):
             for op, n in zip(pending, before, strict=True):
                 op.claims.lost = n
@@ -205,6 +201,17 @@ class Attempt:
             undecide(pending)
         view = self.e.view(rng)  # stale, or a DEL found nothing in the snapshot: the pool as stored
         return view, self.decide_all(view, [op for op in pending if not op.done], hot), False
+
+    def _decide_read(
+        self, rng: IPRange, lock: nodelock.Held | None, pending: list[Op], hot: bool | None
+    ) -> tuple[PoolView, Pass, bool]:
+        """Decide on the pool read at least as new as the lock's floor (decide_batch): (the view, the
+        pass, whether it stands). It does not when an ADD failed or a DEL found nothing on a cached read:
+        what it lacked may be newer than the cache (written outside this node's lock)."""
+        reread = self.reread or any(op.rewrites for op in pending)  # a write of theirs failed
+        floor = "" if lock is None or reread else lock.floor()
+        view, got = self._decide_fresh(rng, self.e.view(rng, floor), pending, hot)
+        return view, got, not floor or not _lacking(got, pending)
 
     def _decide_fresh(
         self, rng: IPRange, view: PoolView, pending: list[Op], hot: bool | None

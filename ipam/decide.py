@@ -309,6 +309,20 @@ def one(
 
 def add(view: PoolView, op: Add, segments: Sequence[Segment], others: Set[int] = frozenset()) -> Outcome:
     """The address `op` gets in `view` (nothing applied)."""
+    held = _held(view, op)
+    if held is not None:
+        return held
+    blocked = op.blocked | others if others else op.blocked
+    if op.want is not None:
+        if op.want in blocked or view.lowest_free([(op.want, op.want)], blocked) != op.want:
+            return Taken(op.want, view.holder(op.want))
+        return Took(op.want, "new", _claim(op, op.want))
+    return _free(view, op, segments, blocked)
+
+
+def _held(view: PoolView, op: Add) -> Outcome | None:
+    """The attachment's own entry (elsewhere than requested: Elsewhere), else its pod's entry of the same
+    interface (a takeover; a request moves no other entry); None without either."""
     owner, want = op.owner, op.want
     mine = view.owned(owner)
     if mine:
@@ -320,11 +334,12 @@ def add(view: PoolView, op: Add, segments: Sequence[Segment], others: Set[int] =
     if old:
         key, prev = old[0]
         return Took(int(key), "takeover", _claim(op, int(key)), prev)
-    blocked = op.blocked | others if others else op.blocked
-    if want is not None:
-        if want in blocked or view.lowest_free([(want, want)], blocked) != want:
-            return Taken(want, view.holder(want))
-        return Took(want, "new", _claim(op, want))
+    return None
+
+
+def _free(view: PoolView, op: Add, segments: Sequence[Segment], blocked: Set[int]) -> Outcome:
+    """A free address for an attachment without one: one it reserved already, else the lowest free (after
+    `op.start`, or one of the lowest `op.spread`), else Full."""
     for want in op.reserved:
         free = want not in blocked and view.lowest_free([(want, want)], blocked) == want
         if free and inside(segments, want):

@@ -214,6 +214,12 @@ class Engine:
                         f"{rng.address(int(hit[0]))}: reservation missing or held by another owner"
                     )
 
+    def _release_unheld(self, doomed: list[str], stale: Callable[[Allocation], bool]) -> None:
+        """GC: the reservations in `doomed` that no pool entry holds, released (if still `stale`)."""
+        for name in doomed:
+            if not self.reservations.held(name):
+                self.reservations.release(name, stale)
+
     def gc(self, network: str, node: str, valid: set[tuple[str, str]]) -> None:
         """Release allocations and reservations recorded for this network and node whose attachment
         is not in `valid`. Unrecorded network or node (older writers): left alone."""
@@ -237,10 +243,7 @@ class Engine:
                 errors.append(e)
         if self.conf.overlapping and owners:
             try:
-                doomed = [name for name, owner in owners.items() if stale(owner)]
-                for name in doomed:
-                    if not self.reservations.held(name):
-                        self.reservations.release(name, stale)
+                self._release_unheld([name for name, owner in owners.items() if stale(owner)], stale)
             except CniError as e:
                 errors.append(e)
         if errors:
