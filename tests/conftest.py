@@ -16,8 +16,10 @@ from tests.kubeapi import record
 
 # Property tests everywhere: the same cases on every run (a failure reproduces), and no per-example
 # wall-clock deadline (a loaded 2-core CI machine made one example of a 0.03 ms test take 300 ms and
-# fail). tests/hardening loads its own profiles on top.
-settings.register_profile("pycni", deadline=None, derandomize=True, database=None,
+# fail). tests/hardening loads its own profiles on top, for the whole session once it is collected: its
+# "ci" profile's 150 examples are this one's too, so a property test runs the same cases alone as in the
+# suite (test_decide failed only in the suite, at its 150 examples).
+settings.register_profile("pycni", deadline=None, derandomize=True, database=None, max_examples=150,
                           suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 settings.load_profile("pycni")
 

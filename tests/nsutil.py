@@ -128,8 +128,48 @@ class Topology:
 
     def close(self) -> None:
         for name in reversed(self.namespaces):
-            sh("ip", "netns", "del", name, check=False)
+            delete_netns(name)
         self.namespaces.clear()
+
+
+NETNS_DIR = "/run/netns"
+
+
+def delete_netns(name: str) -> None:
+    """`ip netns del name`, and the copy of its mount a shared "/" may have left behind.
+
+    While a cluster runs, "/" is a shared mount (../shared/upstream kube-node-up), and the bind mount
+    `ip` makes of /run/netns (the first time it needs one) joins "/"'s peer group: each namespace
+    mounted there is propagated to "/" as a copy at the same path, hidden under the /run/netns mount.
+    Unmounted while the two are peers, the copy goes too. If the cluster went down meanwhile ("/"
+    private again), `ip netns del` unmounts ours but not the copy, and the file stays (EBUSY): the
+    namespace outlives the test. Then the /run/netns mount is moved aside for the time of one umount
+    (it hides the copy; its parent "/" is private now, so it may be moved) and put back."""
+    sh("ip", "netns", "del", name, check=False)
+    path = os.path.join(NETNS_DIR, name)
+    if not os.path.exists(path) or not _shadowed(path):
+        return
+    import fcntl
+    import tempfile
+
+    with open("/run/lock/pycni-tests-netns-unshadow.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        hold = tempfile.mkdtemp(prefix="pycni-netns-")
+        sh("mount", "--move", NETNS_DIR, hold)
+        try:
+            sh("umount", path, check=False)
+            os.unlink(path)
+        finally:
+            sh("mount", "--move", hold, NETNS_DIR)
+            os.rmdir(hold)
+
+
+def _shadowed(path: str) -> bool:
+    """Whether a mount at `path` hangs from another mount than the one at /run/netns (see
+    delete_netns): a copy the /run/netns mount hides."""
+    rows = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    netns_mounts = {r[0] for r in rows if r[4] == NETNS_DIR}
+    return bool(netns_mounts) and any(r[4] == path and r[1] not in netns_mounts for r in rows)
 
 
 def leftovers() -> list[str]:
@@ -142,5 +182,5 @@ def leftovers() -> list[str]:
 
 def cleanup_run() -> None:
     for name in leftovers():
-        sh("ip", "netns", "del", name, check=False)
+        delete_netns(name)
         sh("ip", "link", "del", name, check=False)

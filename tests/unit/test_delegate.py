@@ -232,18 +232,25 @@ def test_etxtbsy_gives_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 # ---- in-process (our own IPAM inside the frozen bundle) -----------------------------------------
 
 
-def test_in_process_when_the_binary_is_this_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    binary = script(tmp_path, "ouripam", "echo should-not-run; exit 1\n")
+def in_process_ipam(monkeypatch: pytest.MonkeyPatch, module: str, registered: str) -> list[Request]:
+    """A stand-in IPAM module `module` registered for in-process use under `registered`: the requests
+    its `add` saw."""
     calls: list[Request] = []
 
     def add(req: Request) -> Any:
         calls.append(req)
         return models.ipam_only()
 
-    mod = types.ModuleType("tests.unit.ouripam")
+    mod = types.ModuleType(module)
     mod.add = add  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
-    monkeypatch.setitem(IN_PROCESS_IPAM, "ouripam", mod.__name__)
+    monkeypatch.setitem(IN_PROCESS_IPAM, registered, mod.__name__)
+    return calls
+
+
+def test_in_process_when_the_binary_is_this_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    binary = script(tmp_path, "ouripam", "echo should-not-run; exit 1\n")
+    calls = in_process_ipam(monkeypatch, "tests.unit.ouripam", "ouripam")
     token = delegate.CALLER_BUNDLE.set(str(binary))  # what a frozen process (or the agent) sets
     try:
         req = request((str(tmp_path),), ipam_type="ouripam", version="0.4.0")
@@ -257,16 +264,7 @@ def test_in_process_when_the_binary_is_this_bundle(tmp_path: Path, monkeypatch: 
 def test_in_process_under_the_installers_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`pycni-install --prefix pycni-` installs the IPAM as `pycni-whereabouts`: still this bundle."""
     binary = script(tmp_path, "pycni-whereabouts", "echo should-not-run; exit 1\n")
-    calls: list[Request] = []
-
-    def add(req: Request) -> Any:
-        calls.append(req)
-        return models.ipam_only()
-
-    mod = types.ModuleType("tests.unit.prefixedipam")
-    mod.add = add  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, mod.__name__, mod)
-    monkeypatch.setitem(IN_PROCESS_IPAM, "whereabouts", mod.__name__)
+    calls = in_process_ipam(monkeypatch, "tests.unit.prefixedipam", "whereabouts")
     token = delegate.CALLER_BUNDLE.set(str(binary))
     try:
         req = request((str(tmp_path),), ipam_type="pycni-whereabouts", version="0.4.0")

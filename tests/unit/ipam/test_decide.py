@@ -219,13 +219,17 @@ def test_claims_reach_a_fixpoint_where_each_add_keeps_its_claim(case: Case, stra
     """The executor's loop: decide, claim the offsets the core asks for (refused: held by a stranger
     or by another attachment), decide again with the refused ones blocked; until nothing is refused."""
     segs, pool, batch = case
+    seen: set[tuple[str, str]] = set()  # one op per attachment (a runtime serialises an attachment's calls)
+    batch = [op for op in batch if op.owner.attachment not in seen and not seen.add(op.owner.attachment)]
+    batch = [Add(op.owner, op.reserved, claims=True) if isinstance(op, Add) else op for op in batch]
+    # a stranger never holds what the pool's entries or the batch's earlier claims hold (one reservation
+    # per address): drawn offsets that coincide with those are no stranger's
+    strangers = strangers - {int(k) for k in pool.allocations}
+    strangers -= {o for op in batch if isinstance(op, Add) for o in op.reserved}
     stranger = Allocation("stranger", "ns/other", "eth0")
     held = dict.fromkeys(strangers, stranger)
     for key, a in pool.allocations.items():
         held[int(key)] = a  # the pool's entries hold their reservations
-    seen: set[tuple[str, str]] = set()  # one op per attachment (a runtime serialises an attachment's calls)
-    batch = [op for op in batch if op.owner.attachment not in seen and not seen.add(op.owner.attachment)]
-    batch = [Add(op.owner, op.reserved, claims=True) if isinstance(op, Add) else op for op in batch]
     for op in batch:
         if isinstance(op, Add) and op.reserved:
             held[op.reserved[0]] = op.owner  # claimed in an earlier attempt
