@@ -49,9 +49,9 @@ def _deferred(engine: Engine, name: str, comb: batch.Combiner) -> Callable[[list
     conf, retry, reopen, make = engine.conf, engine.retry, engine.reopen, type(engine)
 
     def execute(group: list[Op]) -> None:
-        from ipam.store.handles import store_for
+        from ipam.store.handles import BATCH, store_for
 
-        with reopen() if reopen is not None else store_for(conf.store) as store:
+        with reopen() if reopen is not None else store_for(conf.store, BATCH) as store:
             _batch(make(store, conf, retry, reopen), name, group, comb)
 
     return execute
