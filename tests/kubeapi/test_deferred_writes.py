@@ -129,8 +129,8 @@ def test_concurrent_adds_through_the_agent_cost_one_reservation_post_each(
     writes = {k: v for k, v in delta(before).items()
               if k[1] == "ippools" and k[0].split()[0] in ("POST", "PUT", "PATCH")}  # fmt: skip
     assert sum(writes.values()) == 1, writes
+    (tmp_path / "del").mkdir()
     again = Pycni(None, agents=1, scratch=tmp_path / "del", agent_timeout=120)
-    (tmp_path / "del").mkdir(exist_ok=True)
     try:
         again.setup(tenant, tmp_path / "del")
         confs = {1: network_config(again, wl, 1)}
