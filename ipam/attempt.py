@@ -60,6 +60,9 @@ class Mode:
         """After the batch's pass, before its write: more ops decided on the same view."""
         return []
 
+    def each(self, op: Op) -> None:
+        """`op` was just decided, the rest of its pass still to come (each a reservation request)."""
+
     def wrote(self, seconds: float) -> None:
         """The pool write took `seconds`."""
 
@@ -260,6 +263,7 @@ class Attempt:
                 continue
             op.to(batch.DECIDED)
             done.decided.append(op)
+            self.mode.each(op)
         done.claimed = sum(len(op.claims.created) for op in pending) > created
         return done
 

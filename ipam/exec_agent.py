@@ -6,7 +6,8 @@ runs the batch attempts it for all (ipam.attempt), so N calls cost one pool writ
 of its own; on the Kubernetes store (Engine.defers: the reservations are authoritative) the ops decided
 are answered before the write, and for the combiner's window the calls that arrive are decided on the
 same view and answered too (appended to the batch's list, so that a retry of the write keeps them); then
-one write for all. A retry decides an answered ADD on its address again (Attempt._decide_add). A DEL's
+one write for all. An ADD is answered as soon as it is decided (its address reserved), not when its
+pass ends (Agent.each). A retry decides an answered ADD on its address again (Attempt._decide_add). A DEL's
 reservations are released in the batch, after its write: the DEL is written once they are."""
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ def _deferred(engine: Engine, name: str, comb: batch.Combiner) -> Callable[[list
     conf, retry, reopen, make = engine.conf, engine.retry, engine.reopen, type(engine)
 
     def execute(group: list[Op]) -> None:
-        from ipam.store.handles import store_for
+        from ipam.store.handles import BATCH, store_for
 
-        with reopen() if reopen is not None else store_for(conf.store) as store:
+        with reopen() if reopen is not None else store_for(conf.store, BATCH) as store:
             _batch(make(store, conf, retry, reopen), name, group, comb)
 
     return execute
@@ -77,6 +78,15 @@ class Agent(Mode):
             return []
         self.comb.answer([op for op in got.decided if op.overlapping])  # the others wait for the write
         return _decide_arrivals(attempt, self.comb, view, got, hot, cached, pending)
+
+    def each(self, op: Op) -> None:
+        """An ADD is answered as soon as its address is reserved, not once the whole pass is: a pass
+        claims its ADDs' reservations one after another, so its first call would otherwise wait for the
+        requests of all the others. Should the pass end on a stale view, or the batch fail, the op is
+        decided again on the address it was told (Attempt._decide_answered, as after a failed write).
+        A DEL waits for its pass (one that finds nothing on this view looks at the pool as stored)."""
+        if self.deferring and op.kind == "add" and op.overlapping:
+            self.comb.answer([op])
 
     def wrote(self, seconds: float) -> None:
         if self.deferring:

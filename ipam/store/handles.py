@@ -6,7 +6,13 @@ an open TLS connection, a loaded kubeconfig and an etcd auth token instead of pa
 A handle is used by one call (one thread) at a time, as ipam.store.base requires; one that saw an
 error, or has been idle or alive too long (a rewritten kubeconfig, rotated certificates), is closed
 instead of kept. The local store is always opened per call: SQLite connections belong to a thread,
-and opening one costs little."""
+and opening one costs little.
+
+Handles are kept per `lane`: the calls' own (""), and BATCH for the threads that run a pool's deferred
+batches (ipam.exec_agent). A call holds its handle until it is answered, so while many calls wait on a
+pool the calls' lane is empty: a batch taking its handle there would open a new one (a TLS handshake,
+on a node whose CPU the pods' start-up already takes) at the start of every batch, in front of every
+call it carries; its own lane keeps it warm."""
 
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ from ipam.config import StoreConfig
 from ipam.store.base import Store
 
 WARM_STORES = ("kubernetes", "etcd")
-MAX_IDLE = 8  # per configuration
+MAX_IDLE = 8  # per configuration and lane
+BATCH = "batch"  # the lane of the batches' threads
 IDLE_SECONDS = 60.0
 MAX_AGE_SECONDS = 300.0
 
@@ -27,7 +34,7 @@ MAX_AGE_SECONDS = 300.0
 class _Cache:
     enabled = False
     lock = _thread.allocate_lock()
-    idle: dict[StoreConfig, list[tuple[float, float, Store]]] = {}  # conf -> [(opened, last used, handle)]
+    idle: dict[tuple[StoreConfig, str], list[tuple[float, float, Store]]] = {}  # -> [(opened, used, handle)]
 
 
 def keep_warm(
@@ -62,12 +69,12 @@ def clear() -> None:
             h.close()
 
 
-def _take(conf: StoreConfig) -> tuple[float, Store] | None:
+def _take(conf: StoreConfig, lane: str) -> tuple[float, Store] | None:
     now = time.monotonic()
     stale: list[Store] = []
     found = None
     with _Cache.lock:
-        entries = _Cache.idle.get(conf, [])
+        entries = _Cache.idle.get((conf, lane), [])
         while entries and found is None:
             opened, used, handle = entries.pop()
             if now - used > IDLE_SECONDS or now - opened > MAX_AGE_SECONDS:
@@ -80,9 +87,9 @@ def _take(conf: StoreConfig) -> tuple[float, Store] | None:
     return found
 
 
-def _give_back(conf: StoreConfig, opened: float, handle: Store) -> bool:
+def _give_back(conf: StoreConfig, lane: str, opened: float, handle: Store) -> bool:
     with _Cache.lock:
-        entries = _Cache.idle.setdefault(conf, [])
+        entries = _Cache.idle.setdefault((conf, lane), [])
         if len(entries) >= MAX_IDLE:
             return False
         entries.append((opened, time.monotonic(), handle))
@@ -90,17 +97,18 @@ def _give_back(conf: StoreConfig, opened: float, handle: Store) -> bool:
 
 
 @contextlib.contextmanager
-def store_for(conf: StoreConfig) -> Iterator[Store]:
-    """A store handle for one call; closed afterwards unless the agent keeps it warm."""
+def store_for(conf: StoreConfig, lane: str = "") -> Iterator[Store]:
+    """A store handle for one call (or a batch's thread: `lane` BATCH); closed afterwards unless the
+    agent keeps it warm."""
     from ipam.store.select import open_store
 
     warm = _Cache.enabled and conf.datastore in WARM_STORES
-    taken = _take(conf) if warm else None
+    taken = _take(conf, lane) if warm else None
     opened, store = taken if taken else (time.monotonic(), open_store(conf))
     ok = False
     try:
         yield store
         ok = True
     finally:
-        if not (warm and ok and _give_back(conf, opened, store)):
+        if not (warm and ok and _give_back(conf, lane, opened, store)):
             store.close()

@@ -479,6 +479,7 @@ class PhaseReport:
     # CPU seconds of the phase by whom (see measure): the machine's whole budget is CPUs x wall
     cpu_split: dict[str, float] = field(default_factory=dict)
     left: int | None = None  # DEL: pool entries and reservations left once the objects settled
+    agent_ms: tuple[float, float] | None = None  # pycni+agent: p50/p99 of the calls as the agents timed them
 
 
 Measured = tuple[dict[tuple[str, str, str], float], float, dict[tuple[str, str], float], dict[str, float]]
@@ -605,6 +606,7 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
     pods = {i: Pod(i, tenant.namespace, prefix) for i in range(wl.pods)}
     out = []
     before_served = impl.served()
+    marks = agent_marks(impl)
     before = measure(server, impl)
     adds, wall = run_phase(impl, wl, "ADD", list(pods.values()))
     wall += impl.settle()
@@ -617,9 +619,11 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
         problems = check_after_add(tenant, adds, pods)
     out.append(report(impl, wl, "ADD", adds, wall, wl.attachments, before, after, problems,
                       served["ADD"] - before_served["ADD"] if served else None))
+    out[-1].agent_ms = agent_times(impl, "ADD", marks)
     started: dict[int, list[int]] = {}
     for c in sorted(adds, key=lambda c: c.net):
         started.setdefault(c.pod, []).append(c.net)
+    marks = agent_marks(impl)
     before = measure(server, impl)
     dels, wall = run_phase(impl, wl, "DEL", [pods[i] for i in sorted(started)], started)
     wall += impl.settle()
@@ -632,7 +636,24 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
     out.append(report(impl, wl, "DEL", dels, wall, len(adds), before, after, problems,
                       served2["DEL"] - served["DEL"] if served2 else None))
     out[-1].left = left
+    out[-1].agent_ms = agent_times(impl, "DEL", marks)
     return out
+
+
+def agent_marks(impl: Impl) -> dict[tuple[str, str], int]:
+    """How many calls of each command each agent has served so far (agent_times counts from there)."""
+    if not isinstance(impl, Pycni):
+        return {}
+    return {(cmd, node): len(impl.inside_ms(cmd, node)) for node in impl.agents for cmd in ("ADD", "DEL")}
+
+
+def agent_times(impl: Impl, command: str, marks: dict[tuple[str, str], int]) -> tuple[float, float] | None:
+    """p50/p99 ms of the `command` calls the agents served since `marks`, as they timed them (their
+    logs); None without agents or calls."""
+    if not isinstance(impl, Pycni):
+        return None
+    inside = [ms for node in impl.agents for ms in impl.inside_ms(command, node)[marks[(command, node)]:]]
+    return (pct(inside, 50), pct(inside, 99)) if inside else None
 
 
 # ---- the implementations ----------------------------------------------------------------------------
@@ -835,6 +856,8 @@ def details(reports: list[PhaseReport]) -> str:
         per = ", ".join(f"{k} {v / max(1, r.attempted):.2f}" for k, v in r.api_split.items()
                         if v / max(1, r.attempted) >= 0.01)
         lines.append(f"- {r.impl} {r.mode} {r.phase} (load {r.load_avg[0]:.1f}): API per attachment: {per}")
+        if r.agent_ms is not None:
+            lines.append(f"  - inside the agents: call p50/p99 {r.agent_ms[0]:.0f}/{r.agent_ms[1]:.0f} ms")
         writes = sum(v for k, v in r.api_split.items() if k.split()[0] in ("PATCH", "PUT", "POST")
                      and k.split()[1] == "ippools")  # fmt: skip
         if writes and r.etcd_split:

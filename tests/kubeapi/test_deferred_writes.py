@@ -15,6 +15,7 @@ import pytest
 from tests import kubeup
 from tests.bench.ipam_scale import Pod, Pycni, Workload, held, network_config, one_call
 from tests.nsutil import is_root
+from tests.unit.helpers import in_threads
 
 # a window of 60 s that no lull ends: the write is held until the agent dies or stops
 HELD = ("--defer-writes", "60", "--defer-idle", "60")
@@ -79,3 +80,67 @@ def test_sigterm_during_a_deferred_write_writes_it_within_the_grace(
         agent.close()
     assert [ip for _, ip, _ in held(tenant)] == [first.ip]
     assert "pool writes still to come" not in log, log
+
+
+def test_concurrent_adds_through_the_agent_cost_one_reservation_post_each(
+    tenant: kubeup.Tenant, tmp_path: Path
+) -> None:
+    """Calls that meet in the agent's batch, each answered as soon as its reservation is made
+    (ipam.exec_agent Agent.each): exactly one POST per ADD, no 409, no reservation read, every
+    address once, all answered before the pool is written; the pool is written once for all of them
+    (the window held until the agent stops); their DELs leave nothing."""
+    if not is_root():
+        pytest.skip("the agent serves root only")
+    n = 6
+    wl = Workload(pods=n, networks=1, nodes=1, concurrency=n, mode="shared", budget=120.0, call_timeout=60.0)
+    agent = Pycni(None, agents=1, scratch=tmp_path, agent_args=(*HELD, "--grace", "30"), agent_timeout=120)
+    server = tenant.server
+
+    def counts() -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+        for (verb, res, code), v in server.request_counts().items():
+            if res in ("overlappingrangeipreservations", "ippools"):
+                key = (f"{verb} {code}", res)
+                out[key] = out.get(key, 0.0) + v
+        return out
+
+    def delta(before: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+        return {k: v - before.get(k, 0.0) for k, v in counts().items() if v - before.get(k, 0.0) > 0}
+
+    try:
+        agent.setup(tenant, tmp_path)
+        confs = {1: network_config(agent, wl, 1)}
+        pods = [Pod(i, tenant.namespace, "f") for i in range(n)]
+        before = counts()
+        adds = in_threads(n, lambda i: one_call(agent, wl, "ADD", pods[i], 1, confs, time.monotonic() + 90),
+                          timeout=150)
+        assert all(c.ok for c in adds), [c.error for c in adds]
+        assert agent.served()["ADD"] == n
+        assert len({c.ip for c in adds}) == n
+        assert delta(before) == {("POST 201", "overlappingrangeipreservations"): n,
+                                 ("GET 404", "ippools"): 1}  # fmt: skip
+        node = agent.agents["node-0"]
+        assert node.unwritten() == n  # all answered, the window holding their one write
+        node.signal(signal.SIGTERM)
+        assert node.proc is not None and node.proc.wait(60) == 0
+    finally:
+        agent.close()
+    assert sorted(ip for _, ip, _ in held(tenant)) == sorted(c.ip for c in adds)
+    writes = {k: v for k, v in delta(before).items()
+              if k[1] == "ippools" and k[0].split()[0] in ("POST", "PUT", "PATCH")}  # fmt: skip
+    assert sum(writes.values()) == 1, writes
+    (tmp_path / "del").mkdir()
+    again = Pycni(None, agents=1, scratch=tmp_path / "del", agent_timeout=120)
+    try:
+        again.setup(tenant, tmp_path / "del")
+        confs = {1: network_config(again, wl, 1)}
+        before = counts()
+        dels = in_threads(n, lambda i: one_call(again, wl, "DEL", pods[i], 1, confs, time.monotonic() + 90),
+                          timeout=150)
+        assert all(c.ok for c in dels), [c.error for c in dels]
+        again.settle()
+    finally:
+        again.close()
+    assert held(tenant) == [] and tenant.reservations() == {}
+    deletes = delta(before).get(("DELETE 200", "overlappingrangeipreservations"), 0.0)
+    assert deletes == n

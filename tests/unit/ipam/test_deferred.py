@@ -19,10 +19,14 @@ import pytest
 
 from cni import metrics
 from ipam import batch
+from ipam.attempt import Attempt
+from ipam.batch import Op
 from ipam.config import from_dict
 from ipam.engine import Engine
-from ipam.model import Allocation, Pool, PoolUpdate
+from ipam.exec_agent import Agent
+from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.store.base import Conflict
+from ipam.store.names import reservation_name
 from tests.memstore import Backend, MemoryStore, _Pool
 from tests.unit.helpers import in_threads, until
 
@@ -259,3 +263,44 @@ def test_the_window_follows_the_writes() -> None:
     assert comb.window() == pytest.approx(0.4 * batch.WINDOW_PER_WRITE)
     comb.wrote(60.0)
     assert comb.window() == batch.DEFER_MAX
+
+
+class HeldClaim(MemoryStore):
+    """The reservation named `held` is created only once `gate` opens (bounded: 30 s); `reached` is set
+    when its request arrives."""
+
+    def __init__(self, backend: Backend, held: str, gate: threading.Event, reached: threading.Event) -> None:
+        super().__init__(backend)
+        self.held, self.gate, self.reached = held, gate, reached
+
+    def put_reservation(self, res: Reservation) -> str:
+        if res.name == self.held:
+            self.reached.set()
+            assert self.gate.wait(30), "the test never opened the gate"
+        return super().put_reservation(res)
+
+
+def test_an_add_is_answered_once_its_address_is_reserved_not_when_its_pass_ends(tmp_path: Path) -> None:
+    """A pass claims its ADDs' reservations one after another: the first call is answered while the
+    second's request is still held, and a DEL of the pass only at its end."""
+    conf = from_dict({"range": RANGE, "datastore": "kubernetes", "local_db": str(tmp_path / "ipam.db"),
+                      "kubernetes": {"kubeconfig": "/nonexistent"}})  # fmt: skip
+    rng = conf.ranges[0]
+    backend, gate, reached = Backend(), threading.Event(), threading.Event()
+    store = HeldClaim(backend, reservation_name(str(rng.address(2)), ""), gate, reached)
+    e = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store))
+    comb = batch.Combiner(defer=HANG, idle=HANG)  # deferring: early answers
+    ops = [Op("add", rng, owner(i), True) for i in range(3)]
+    attempt = Attempt(e, e.pool_name(rng), ops, Agent(e, comb))
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(attempt.decide_all(e.view(rng), ops, hot=False)))
+    t.start()
+    try:
+        assert reached.wait(30)  # the second ADD's request is held
+        assert ops[0].state == batch.ANSWERED and ops[0].offsets == [1]  # the first already answered
+        assert ops[1].state == batch.PENDING and ops[2].state == batch.PENDING
+    finally:
+        gate.set()
+        t.join(30)
+    assert [op.state for op in ops] == [batch.ANSWERED] * 3 and [op.offsets for op in ops] == [[1], [2], [3]]
+    assert got[0].decided == ops

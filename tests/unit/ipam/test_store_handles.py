@@ -81,3 +81,17 @@ def test_concurrent_calls_get_distinct_handles(opened: list[FakeStore]) -> None:
     with handles.store_for(ETCD) as a, handles.store_for(ETCD) as b:
         assert a is not b
     assert use(ETCD) in (a, b) and len(opened) == 2
+
+
+def test_a_batch_keeps_its_own_handles_warm_while_the_calls_hold_theirs(opened: list[FakeStore]) -> None:
+    """Calls waiting on a pool's batch hold their handles until answered: the batch's thread takes its
+    handle from a lane of its own (BATCH), so it reuses the one it kept instead of opening another
+    whenever the calls' lane is empty."""
+    handles.keep_warm()
+    with handles.store_for(ETCD, handles.BATCH) as first:
+        pass
+    with handles.store_for(ETCD) as call, handles.store_for(ETCD, handles.BATCH) as again:
+        assert again is first and call is not first  # the call opened its own; the batch reused its
+    with handles.store_for(ETCD) as call2:
+        assert call2 is call  # a call gets the calls' lane back, never the batch's
+    assert len(opened) == 2 and not any(s.closed for s in opened)
