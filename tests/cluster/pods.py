@@ -157,3 +157,15 @@ def sandbox_of(node: kubenode.Cluster, uid: str) -> str:
                    'labels."io.cri-containerd.kind"==sandbox').stdout.split()
     assert len(out) == 1, out
     return out[0]
+
+
+RECONCILE = ["/pycni/cni-bin/pycni-ipam", "--config=/etc/pycni/ipam.json", "reconcile", "--pods=kubernetes",
+             "--interval=0"]  # the reconciler Deployment's command, one run
+
+
+def reconciler_container(node: kubenode.Cluster) -> str:
+    pods = node.get("-n", kubenode.NS, "pods", "-l", "app.kubernetes.io/name=pycni-reconciler")["items"]
+    running = [p for p in pods if p["status"].get("phase") == "Running"]
+    assert len(running) == 1, [p["metadata"]["name"] for p in pods]
+    (status,) = running[0]["status"]["containerStatuses"]
+    return str(status["containerID"]).removeprefix("containerd://")

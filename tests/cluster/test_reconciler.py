@@ -18,6 +18,7 @@ import re
 from tests.cluster import kubenode
 from tests.cluster.pods import (
     POOLS,
+    RECONCILE,
     SETTLE,
     Net,
     addresses,
@@ -25,23 +26,13 @@ from tests.cluster.pods import (
     pod,
     pool_owners,
     ready,
+    reconciler_container,
     reservations,
     running_tasks,
     sandbox_failures,
     settled,
 )
 from tests.nsutil import RUN
-
-RECONCILE = ["/pycni/cni-bin/pycni-ipam", "--config=/etc/pycni/ipam.json", "reconcile", "--pods=kubernetes",
-             "--interval=0"]  # the Deployment's command, one run
-
-
-def reconciler_container(node: kubenode.Cluster) -> str:
-    pods = node.get("-n", kubenode.NS, "pods", "-l", "app.kubernetes.io/name=pycni-reconciler")["items"]
-    running = [p for p in pods if p["status"].get("phase") == "Running"]
-    assert len(running) == 1, [p["metadata"]["name"] for p in pods]
-    (status,) = running[0]["status"]["containerStatuses"]
-    return str(status["containerID"]).removeprefix("containerd://")
 
 
 def test_the_reconciler_frees_a_pod_deleted_while_its_del_could_not_run_and_never_a_live_one(
