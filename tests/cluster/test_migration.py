@@ -202,9 +202,14 @@ def start_controller(node: kubenode.Cluster, ns: str) -> None:
 
 
 def stop_controller(node: kubenode.Cluster) -> None:
-    """Upstream's DaemonSet deleted, as docs/install.md's move to pycni does."""
+    """Upstream's DaemonSet deleted, as docs/install.md's move to pycni does, and awaited until its pod is
+    gone (`--cascade=foreground`: the DaemonSet goes after its pod). `kubectl delete` alone returns while
+    the pod terminates, and upstream's ip-control-loop, which does not act on SIGTERM
+    (tests/kubeapi/wbupstream.py), goes on freeing deleted pods' addresses until the kubelet kills it at
+    the end of its grace period: a pod force-deleted meanwhile would be freed by upstream, not pycni."""
     node.kubectl("-n", kubenode.NS, "delete", "daemonset", CONTROLLER, "--ignore-not-found", "--wait=true",
-                 "--timeout=300s", timeout=330)
+                 "--cascade=foreground", "--timeout=300s", timeout=330)
+    assert not node.get("-n", kubenode.NS, "pods", "-l", f"name={CONTROLLER}")["items"]
 
 
 def uninstall_pycni(node: kubenode.Cluster) -> None:
@@ -352,6 +357,7 @@ def test_pods_move_from_pycni_to_upstream_whereabouts_and_back_on_a_live_node(
     # command, once, in its container) frees upstream's entries and reservations, and no live pod's
     live = [f"{ns}/up-1", f"{ns}/ours-2"]
     kept = holdings(node, live)
+    assert in_pools(node, f"{ns}/up-gone") and set(reservations(node).values()) >= {f"{ns}/up-gone"}
     container = reconciler_container(node)
     with kubelet_stopped(node):
         force_delete(node, ns, "up-gone")
