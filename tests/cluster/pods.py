@@ -10,6 +10,7 @@ import re
 import subprocess
 import urllib.request
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import yaml
@@ -157,3 +158,50 @@ def sandbox_of(node: kubenode.Cluster, uid: str) -> str:
                    'labels."io.cri-containerd.kind"==sandbox').stdout.split()
     assert len(out) == 1, out
     return out[0]
+
+
+RECONCILE = ["/pycni/cni-bin/pycni-ipam", "--config=/etc/pycni/ipam.json", "reconcile", "--pods=kubernetes",
+             "--interval=0"]  # the reconciler Deployment's command, one run
+
+
+def reconciler_container(node: kubenode.Cluster) -> str:
+    pods = node.get("-n", kubenode.NS, "pods", "-l", "app.kubernetes.io/name=pycni-reconciler")["items"]
+    running = [p for p in pods if p["status"].get("phase") == "Running"]
+    assert len(running) == 1, [p["metadata"]["name"] for p in pods]
+    (status,) = running[0]["status"]["containerStatuses"]
+    return str(status["containerID"]).removeprefix("containerd://")
+
+
+def now() -> str:
+    """The time as `kubectl logs --since-time` takes it (the node's clock is the host's)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def reconciler_said(node: kubenode.Cluster, once: str, since: str) -> str:
+    """What pycni's reconciler printed about a pod deleted while its DEL could not run: the output of
+    the one run a test makes (RECONCILE) and the reconciler Deployment's own periodic runs since
+    `since` (read once the kubelet is back: pod logs go through it). A periodic run may fall between
+    the force-delete and the test's run and free the pod first, or judge it at the same time (one of
+    the two writes wins its compare-and-swap); both are pycni's reconciler, so tests assert on the
+    union (`freed_lines`, `freed_count`), never on which run won."""
+
+    def fetch() -> list[str] | None:
+        got = node.kubectl("-n", kubenode.NS, "logs", "deployment/pycni-reconciler", f"--since-time={since}",
+                           check=False)
+        return [got.stdout] if got.returncode == 0 else None
+
+    return once + "\n" + kubenode.wait_for("the reconciler Deployment's log", fetch, SETTLE)[0]
+
+
+def freed_lines(said: str) -> tuple[set[tuple[str, str, str, str]], set[tuple[str, str, str]]]:
+    """The pool entries (ip, pool, podref, ifname) and reservations (name, podref, ifname) the runs in
+    `said` (reconciler_said) freed or judged to free, each once."""
+    entries = set(re.findall(r"^freeing (\S+) in pool (\S+) \((\S+) (\S+)\)", said, re.M))
+    held = set(re.findall(r"^freeing reservation (\S+) \((\S+) (\S+)\)", said, re.M))
+    return entries, held
+
+
+def freed_count(said: str) -> int:
+    """How many entries and reservations the runs in `said` freed in all (each is freed by one run: the
+    others' compare-and-swap finds it gone)."""
+    return sum(int(n) for n in re.findall(r"^freed (\d+) of \d+; kept \d+; left alone \d+$", said, re.M))
