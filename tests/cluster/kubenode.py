@@ -22,7 +22,8 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -349,3 +350,18 @@ def start_again(cluster: Cluster, stopped: Stopped) -> int:
     with (cluster.dir / "pids.named").open("a") as f:
         f.write(f"{stopped.name} {pid}\n")
     return pid
+
+
+@contextmanager
+def stopped(cluster: Cluster, name: str, settle: float = 180.0) -> Iterator[Stopped]:
+    """The node's `name` (kubelet, containerd) stopped for the block and started again after it as the
+    kit started it, also on failure; on leaving normally, waited for (bounded by `settle`) until
+    containerd answers and the kubelet has posted the node's status since (posted_since)."""
+    got = stop(cluster, name)
+    beat = ready_heartbeat(cluster)
+    try:
+        yield got
+    finally:
+        start_again(cluster, got)
+    wait_for(f"{name} started again and the node's status posted after it",
+             lambda: posted_since(cluster, beat), settle)

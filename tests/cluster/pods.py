@@ -160,6 +160,13 @@ def sandbox_of(node: kubenode.Cluster, uid: str) -> str:
     return out[0]
 
 
+def force_delete(node: kubenode.Cluster, ns: str, name: str) -> None:
+    """`--force --grace-period=0` with the kubelet stopped: the API object goes, its sandbox keeps running."""
+    node.kubectl("-n", ns, "delete", "pod", name, "--force", "--grace-period=0", timeout=120)
+    assert node.kubectl("-n", ns, "get", "pod", name, check=False).returncode != 0
+    assert running_tasks(node, ns, name)  # its sandbox still runs: no DEL has been made
+
+
 RECONCILE = ["/pycni/cni-bin/pycni-ipam", "--config=/etc/pycni/ipam.json", "reconcile", "--pods=kubernetes",
              "--interval=0"]  # the reconciler Deployment's command, one run
 

@@ -41,8 +41,6 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +54,7 @@ from tests.cluster.pods import (
     Net,
     addresses,
     addresses_once_served,
+    force_delete,
     freed_count,
     freed_lines,
     held_by,
@@ -248,27 +247,6 @@ def reach(node: kubenode.Cluster, ns: str, src: str, dst: list[Any]) -> None:
         kubenode.wait_for(f"{src} pings {a.ip}", lambda a=a: pinged(node, ns, src, str(a.ip)), 60)
 
 
-@contextmanager
-def kubelet_stopped(node: kubenode.Cluster) -> Iterator[None]:
-    """The node's kubelet stopped (nothing runs a pod's CNI DEL) for the block, started again after it
-    as the kit started it; on leaving normally, waited for until it posts the node's status again."""
-    kubelet = kubenode.stop(node, "kubelet")
-    beat = kubenode.ready_heartbeat(node)
-    try:
-        yield
-    finally:
-        kubenode.start_again(node, kubelet)
-    kubenode.wait_for("the kubelet posting the node's status again",
-                      lambda: kubenode.posted_since(node, beat), SETTLE)
-
-
-def force_delete(node: kubenode.Cluster, ns: str, name: str) -> None:
-    """`--force --grace-period=0` with the kubelet stopped: the API object goes, its sandbox keeps running."""
-    node.kubectl("-n", ns, "delete", "pod", name, "--force", "--grace-period=0", timeout=120)
-    assert node.kubectl("-n", ns, "get", "pod", name, check=False).returncode != 0
-    assert running_tasks(node, ns, name)  # its sandbox still runs: no DEL has been made
-
-
 def holdings(node: kubenode.Cluster, refs: list[str]) -> dict[str, Any]:
     """What the store holds for each podref: its pool entries (offset, container id) and reservations."""
     held = reservations(node)
@@ -317,7 +295,7 @@ def test_pods_move_from_pycni_to_upstream_whereabouts_and_back_on_a_live_node(
         # (lean) entries and reservations, and nothing of the live pods of either side
         live = [f"{ns}/ours-1", f"{ns}/up-1", f"{ns}/up-gone"]
         kept = holdings(node, live)
-        with kubelet_stopped(node):
+        with kubenode.stopped(node, "kubelet", SETTLE):
             force_delete(node, ns, "ours-gone")
             kubenode.wait_for("upstream's ip-control-loop freeing what pycni allocated for ours-gone",
                               lambda: settled(node, {f"{ns}/ours-gone"}), SETTLE)
@@ -364,7 +342,7 @@ def test_pods_move_from_pycni_to_upstream_whereabouts_and_back_on_a_live_node(
     assert in_pools(node, f"{ns}/up-gone") and set(reservations(node).values()) >= {f"{ns}/up-gone"}
     container = reconciler_container(node)
     since = now()
-    with kubelet_stopped(node):
+    with kubenode.stopped(node, "kubelet", SETTLE):
         force_delete(node, ns, "up-gone")
         out = node.ctr("tasks", "exec", "--exec-id", f"{RUN}-reconcile", container, *RECONCILE).stdout
         assert holdings(node, live) == kept, out

@@ -21,6 +21,7 @@ from tests.cluster.pods import (
     Net,
     addresses,
     addresses_once_served,
+    force_delete,
     freed_count,
     freed_lines,
     now,
@@ -50,16 +51,10 @@ def test_the_reconciler_frees_a_pod_deleted_while_its_del_could_not_run_and_neve
     kubenode.wait_for("both pods in the pools", lambda: all(
         {f"{ns}/gone", f"{ns}/live"} <= pool_owners(node).get(p, set()) for p in POOLS), SETTLE)
     container = reconciler_container(node)
-    kubelet = kubenode.stop(node, "kubelet")
-    beat = kubenode.ready_heartbeat(node)
     since = now()
-    try:
-        node.kubectl("-n", ns, "delete", "pod", "gone", "--force", "--grace-period=0", timeout=120)
-        assert node.kubectl("-n", ns, "get", "pod", "gone", check=False).returncode != 0
-        assert running_tasks(node, ns, "gone")  # its sandbox still runs: no DEL has been made
+    with kubenode.stopped(node, "kubelet", SETTLE):
+        force_delete(node, ns, "gone")
         out = node.ctr("tasks", "exec", "--exec-id", f"{RUN}-reconcile", container, *RECONCILE).stdout
-    finally:
-        kubenode.start_again(node, kubelet)
     said = reconciler_said(node, out, since)  # a periodic run of the Deployment may have freed it first
     freed, freed_res = freed_lines(said)
     assert {(ip, ref, ifname) for ip, _, ref, ifname in freed} == {
@@ -73,8 +68,6 @@ def test_the_reconciler_frees_a_pod_deleted_while_its_del_could_not_run_and_neve
     assert all(held[str(a.ip).replace(":", "-")] == f"{ns}/live" for a in live), held
 
     # the kubelet back: it tears the orphaned sandbox down (a DEL with nothing left to free)
-    kubenode.wait_for("the kubelet posting the node's status again",
-                      lambda: kubenode.posted_since(node, beat), SETTLE)
     kubenode.wait_for("the deleted pod's sandbox torn down", lambda: not running_tasks(node, ns, "gone"),
                       SETTLE)
     ready(node, ns, "live")

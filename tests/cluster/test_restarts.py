@@ -65,11 +65,8 @@ def test_kubelet_and_containerd_restarts_leak_nothing(net: Net) -> None:
     assert all(p.exists() for p in netns), netns
 
     for component in ("kubelet", "containerd"):
-        stopped = kubenode.stop(node, component)
-        beat = kubenode.ready_heartbeat(node)
-        kubenode.start_again(node, stopped)
-        kubenode.wait_for(f"{component} answering and the node's status posted after it",
-                          lambda b=beat: kubenode.posted_since(node, b), SETTLE)
+        with kubenode.stopped(node, component, SETTLE):
+            pass  # stopped, and at once started again
         consistent(node, ns)
 
     node.kubectl("-n", ns, "delete", "pod", *PODS, "--wait=true", "--timeout=120s", timeout=180)
