@@ -128,9 +128,10 @@ bench-warm: deps venv driver bundle
 	$(PY) -m tests.bench.warm $(if $(N),-n $(N))
 
 # Pod start-up on a real node (../shared/upstream kube-node-up + Multus): N pods x M macvlan+whereabouts
-# networks created at once, until all Running and all gone, for pycni with and without its agent and for
-# Debian's Go macvlan + upstream whereabouts v0.9.4 (tests/bench/cluster.py; not a timed test; ARGS="-n 8
-# -m 2", "--only upstream"; JSON in dist/bench/).
+# networks created at once, until all Running and all gone, for pycni with and without its agent, for
+# Debian's Go macvlan + upstream whereabouts v0.9.4 and for the node's floor (the same pods, no secondary
+# network) (tests/bench/cluster.py; not a timed test; ARGS="-n 8 -m 2", "--only upstream,floor"; JSON in
+# dist/bench/).
 bench-cluster: deps venv
 	$(PY) -m tests.bench.cluster $(ARGS)
 

@@ -18,7 +18,12 @@ Implementations, each in a fresh namespace, one after the other on the same clus
   `bench-go-macvlan`, and upstream whereabouts v0.9.4 (../shared/upstream `unpack whereabouts`) as
   `whereabouts` (upstream's plugin refuses any other type name), in place of pycni's entry: pycni's
   DaemonSet is deleted first (its files stay, `kubectl delete` alone never uninstalls) and the cluster is
-  discarded afterwards. Its flat file (admin kubeconfig) is in the run's directory.
+  discarded afterwards. Its flat file (admin kubeconfig) is in the run's directory;
+- floor (after upstream, nothing of pycni running): the node's floor, the same N pods (same image, one
+  apply, through Multus and the cluster network as the others) with no networks annotation, so no
+  secondary network at all: what starting the pods costs the node alone. Printed after the table: each
+  side's all-Running minus the floor's (the secondary networks' share) and upstream's all-Running over
+  the floor's (the most any plugin could gain over upstream on this node).
 
     python -m tests.bench.cluster [-n PODS] [-m NETWORKS] [--only NAME,...]   (root)
 """
@@ -47,7 +52,7 @@ from tests.nsutil import REPO, RUN, is_root, sh
 
 RANGE = "198.18.64.0/18"
 POOL = "198.18.64.0-18"
-IMPLS = ("pycni-agent", "pycni-no-agent", "upstream")
+IMPLS = ("pycni-agent", "pycni-no-agent", "upstream", "floor")
 TIMEOUT = 900.0
 
 
@@ -227,10 +232,14 @@ def run(impl: str, node: kubenode.Cluster, n: int, m: int, master: str, work: Pa
                                 "kubernetes": {"kubeconfig": node.env["KUBECONFIG"]}}))
     node.kubectl("create", "namespace", ns)
     try:
-        node.apply([nad(f"bench-{i}", ns, network(impl, i, master, node, flat)) for i in range(m)])
+        if impl != "floor":
+            node.apply([nad(f"bench-{i}", ns, network(impl, i, master, node, flat)) for i in range(m)])
         nets = ",".join(f"bench-{i}" for i in range(m))
         names = [f"p{j}" for j in range(n)]
         docs = [pod(name, ns, nets) for name in names]
+        if impl == "floor":  # the cluster network only
+            for doc in docs:
+                del doc["metadata"]["annotations"]
         log_at = (node.dir / "containerd.log").stat().st_size
         multus_at = (node.cni_conf_dir.parent / "multus.log").stat().st_size
         served = agent_seconds(node)
@@ -261,19 +270,21 @@ def run(impl: str, node: kubenode.Cluster, n: int, m: int, master: str, work: Pa
         start = time.monotonic()
         node.kubectl("-n", ns, "delete", "pods", "--all", "--wait=false")
         gone = released = float("nan")
+        pooled = impl != "floor"  # the floor's pods hold no address: no pool to wait for
         deadline = start + TIMEOUT
         while time.monotonic() < deadline:
             if math.isnan(gone) and not node.get("-n", ns, "pods")["items"]:
                 gone = time.monotonic() - start
-            if math.isnan(released) and pool_size(node) == 0:
+            if pooled and math.isnan(released) and pool_size(node) == 0:
                 released = time.monotonic() - start
-            if not (math.isnan(gone) or math.isnan(released)):
+            if not (math.isnan(gone) or (pooled and math.isnan(released))):
                 break
             time.sleep(0.5)
         events = node.get("-n", ns, "events")["items"]
         failed += [e for e in events if e.get("reason") == "FailedKillPod"]
         per_pod = list(running.values())
-        return {"impl": impl, "pods": n, "networks": m, "all_running_s": all_running,
+        return {"impl": impl, "pods": n, "networks": len(nets.split(",")) if impl != "floor" else 0,
+                "all_running_s": all_running,
                 "p50_s": pct(per_pod, 0.5), "p99_s": pct(per_pod, 0.99), "not_running": n - len(running),
                 "held_at_running": held, "all_gone_s": gone, "pool_empty_s": released,
                 "failure_events": sum(int(e.get("count", 1)) for e in failed),
@@ -316,19 +327,37 @@ def upstream_binaries(node: kubenode.Cluster) -> None:
     shutil.copy2(cache / "whereabouts", wa)
 
 
+def num(value: float, digits: int = 1) -> str:
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def running_time(results: list[dict[str, Any]], impl: str) -> float:
+    return next((float(r["all_running_s"]) for r in results if r["impl"] == impl), float("nan"))
+
+
 def table(results: list[dict[str, Any]]) -> str:
-    head = ("| implementation | pods x networks | all Running (s) | p50 / p99 per pod (s) | addresses held | "
-            "all gone (s) | pool empty (s) | failures | sandbox asked p50 / p99 (s) | "
-            "sandbox set-up p50 / p99 (s) | secondary networks p50 / p99 (s) | API requests |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-    rows = [f"| {r['impl']} | {r['pods']} x {r['networks']} | {r['all_running_s']:.1f} | "
-            f"{r['p50_s']:.1f} / {r['p99_s']:.1f} | {r['held_at_running']} | {r['all_gone_s']:.1f} | "
-            f"{r['pool_empty_s']:.1f} | {r['not_running'] + r['failure_events']} | "
-            f"{r['sandbox_asked_p50_s']:.1f} / {r['sandbox_asked_p99_s']:.1f} | "
-            f"{r['sandbox_setup_p50_s']:.1f} / {r['sandbox_setup_p99_s']:.1f} | "
-            f"{r['secondary_p50_s']:.0f} / {r['secondary_p99_s']:.0f} | {r['api_requests']} |"
+    """The table, then, with the floor measured, each side's all-Running above the floor's (the
+    secondary networks' share) and upstream's over the floor's (the best ratio any plugin could reach)."""
+    floor = running_time(results, "floor")
+    head = ("| implementation | pods x networks | all Running (s) | above the floor (s) | "
+            "p50 / p99 per pod (s) | addresses held | all gone (s) | pool empty (s) | failures | "
+            "sandbox asked p50 / p99 (s) | sandbox set-up p50 / p99 (s) | secondary networks p50 / p99 (s) | "
+            "API requests |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    rows = [f"| {r['impl']} | {r['pods']} x {r['networks']} | {num(r['all_running_s'])} | "
+            f"{num(r['all_running_s'] - floor)} | "
+            f"{num(r['p50_s'])} / {num(r['p99_s'])} | {r['held_at_running']} | {num(r['all_gone_s'])} | "
+            f"{num(r['pool_empty_s'])} | {r['not_running'] + r['failure_events']} | "
+            f"{num(r['sandbox_asked_p50_s'])} / {num(r['sandbox_asked_p99_s'])} | "
+            f"{num(r['sandbox_setup_p50_s'])} / {num(r['sandbox_setup_p99_s'])} | "
+            f"{num(r['secondary_p50_s'], 0)} / {num(r['secondary_p99_s'], 0)} | {r['api_requests']} |"
             for r in results]
-    return head + "\n".join(rows)
+    upstream, agent = running_time(results, "upstream"), running_time(results, "pycni-agent")
+    ratios = [line for value, line in (
+        (upstream / agent, f"upstream / pycni-agent, all Running: {upstream / agent:.2f}x"),
+        (upstream / floor, f"upstream / floor, all Running: {upstream / floor:.2f}x (the best ratio any "
+                           "plugin could reach on this node)")) if not math.isnan(value)]
+    return head + "\n".join(rows) + ("\n\n" + "\n".join(ratios) if ratios else "")
 
 
 def main(argv: list[str] | None = None) -> int:

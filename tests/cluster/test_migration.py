@@ -5,17 +5,20 @@ The node starts with pycni installed (the package fixture). Two pods attached by
 `ours-gone`) stay while the node goes back to upstream whereabouts v0.9.4, the rollback docs/install.md
 describes: pycni's installer rolled out with `--uninstall` (its plugins removed, the node's own macvlan put
 back), its DaemonSet and reconciler deleted, the namespace, CRDs, pools and reservations kept; then upstream
-installed as its DaemonSet (doc/crds/daemonset-install.yaml) would be, both of its processes:
-- its CNI install, as `install-cni.sh` does it, from the host (`install_upstream`: its CRDs, its
-  ServiceAccount and ClusterRole, a kubeconfig with that ServiceAccount's token inline and the CA inline,
-  the flat file `whereabouts.d/whereabouts.conf` in the node's CNI conf dir, its binary as `whereabouts` in
-  the node's CNI bin dir);
-- its pod-deletion reconciler `ip-control-loop` as a DaemonSet with upstream's own pod spec (ServiceAccount,
-  hostNetwork, privileged, env NODENAME and WHEREABOUTS_NAMESPACE, `-log-level debug`, resources, the CNI
-  dirs at /host/opt/cni/bin and /host/etc/cni/net.d). There is no upstream image here: its image is the
-  binary built from upstream's sources (../shared/upstream) alone, at upstream's path `/ip-control-loop`,
-  and its container runs only that (the install above stands for the command's first lines). It talks to
-  the API server through the `kubernetes` Service with its projected token, as upstream's does.
+installed as its DaemonSet does it: its CRDs and doc/crds/daemonset-install.yaml of v0.9.4 (ServiceAccount,
+ClusterRole and binding, ConfigMap, DaemonSet) applied with only the changes this node needs (each said in
+`upstream_docs`: the namespace, the run's names for cluster-scoped objects, the image, the hostPaths of the
+node's CNI dirs, and the conf dir mounted a second time at "/host" + its host path with CNI_CONF_DIR naming
+it, because install-cni.sh derives the host paths it writes from its mount path). Its container runs
+upstream's command as written (`SLEEP=false source /install-cni.sh`, `/token-watcher.sh &`,
+`/ip-control-loop -log-level debug`): upstream's own scripts (tests/cluster/upstream, unchanged) write the
+kubeconfig with the pod's projected ServiceAccount token and the CA inline, the flat file
+`whereabouts.d/whereabouts.conf` and the `nodename` file, and copy the binary into the node's CNI bin dir;
+the token watcher runs beside the controller. There is no upstream image here: `upstream_image` makes one as
+upstream's Dockerfile does (binaries and scripts at "/"), from the binaries built from upstream's sources
+(../shared/upstream) and Debian's static busybox as its shell and tools. The controller talks to the API
+server through the `kubernetes` Service with the pod's token, the node's plugin with the token the install
+wrote, as upstream's do.
 Pods attached by upstream (`up-1`, `up-gone`; Debian's Go macvlan) reach `ours-1`. With the kubelet stopped
 (nothing can run a DEL) `ours-gone` is force-deleted: upstream's ip-control-loop frees its entries (pycni's
 "lean" pool entries) and reservations, reports them (IPAddressGarbageCollected events), and leaves every
@@ -27,15 +30,17 @@ same overlay): `up-1` keeps working (a new pycni pod reaches it); with the kubel
 force-deleted and pycni's reconciler (its Deployment's command, run once in its container) frees exactly
 upstream's entries and reservations of it, no live pod's; pycni's DEL releases what upstream allocated for
 `up-1`. The upstream node as it was just before that install becomes the state the uninstall test must give
-back (upstream's binary, flat file and kubeconfig included: the installer keeps what it displaced).
+back (upstream's binary, flat file, kubeconfig and nodename file included: the installer keeps what
+it displaced).
 
-What the test does not run: upstream's token-watcher.sh (the token it writes lasts the test) and node
-slices. Upstream's objects live in pycni's namespace (its kubeconfig context names it, its DaemonSet runs
-there), as a migration must keep them in one namespace."""
+What the test does not run: node slices (upstream's node-slice-controller, and its binary in the image),
+and a token rotation under the token watcher (it runs, but nothing makes the kubelet renew the pod's
+token meanwhile).
+Upstream's objects live in pycni's namespace (its kubeconfig context names it, its DaemonSet runs there),
+as a migration must keep them in one namespace."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -44,6 +49,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from tests import kubeup
 from tests.bundle_layouts import snapshot
 from tests.cluster import kubenode
 from tests.cluster.conftest import Installed
@@ -72,129 +80,96 @@ from tests.cluster.pods import (
 )
 from tests.nsutil import RUN
 
-# upstream's doc/crds/daemonset-install.yaml (v0.9.4): the ServiceAccount and ClusterRole its DaemonSet runs
-# as (its rules as written there); the ClusterRole and its binding are cluster-scoped: the run's prefix
-UPSTREAM_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["whereabouts.cni.cncf.io"],
-     "resources": ["ippools", "overlappingrangeipreservations", "nodeslicepools"],
-     "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
-    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "get"]},
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["network-attachment-definitions"],
-     "verbs": ["get", "list", "watch"]},
-    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"],
-     "verbs": ["create", "patch", "update", "get"]},
-]
-SA = "whereabouts"
+INPUTS = Path(__file__).parent / "upstream"  # upstream's files, unchanged (upstream/NOTICE)
+IMAGE = "kubenode.local/whereabouts:v0.9.4"
+CONTROLLER = "whereabouts"  # upstream's DaemonSet and its container, as upstream names them
+SCRIPTS = ("install-cni.sh", "lib.sh", "token-watcher.sh")
+# every program the DaemonSet's command and the scripts run (busybox sh's builtins included): busybox applets
+SCRIPT_COMMANDS = ("sh", "[", "awk", "base64", "cat", "chmod", "cp", "date", "echo", "md5sum", "mkdir",
+                   "printf", "sed", "sleep", "touch", "tr", "true")
+INSTALLED = "Done configuring CNI.  Sleep=false"  # install-cni.sh's last line (SLEEP=false)
+WATCHING = "Sleep and Watching for service account token and CA file changes..."  # token-watcher.sh's first
 
 
-def upstream_rbac() -> list[dict[str, Any]]:
-    role = f"{RUN}-whereabouts-cni"
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SA, "namespace": kubenode.NS}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role},
-         "rules": UPSTREAM_RULES},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": role},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-         "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": kubenode.NS}]},
-    ]
-
-
-def install_upstream(node: kubenode.Cluster) -> None:
-    """What upstream's DaemonSet does on a node (script/install-cni.sh), from the host: the kubeconfig
-    (server from the `kubernetes` Service, CA and ServiceAccount token inline, context namespace), the flat
-    file naming it (host paths), both 0600, then the binary copied into the CNI bin dir."""
-    node.kubectl("apply", "-f", str(kubenode.UPSTREAM / "whereabouts-crds"))
-    node.apply(upstream_rbac())
-    token = node.kubectl("-n", kubenode.NS, "create", "token", SA, "--duration=2h").stdout.strip()
-    ca = base64.b64encode(Path(node.env["CA_FILE"]).read_bytes()).decode()
-    sub = node.cni_conf_dir / "whereabouts.d"
-    sub.mkdir(mode=0o755, exist_ok=True)
-    kubeconfig = (
-        "# Kubeconfig file for Multus CNI plugin.\napiVersion: v1\nkind: Config\nclusters:\n- name: local\n"
-        f"  cluster:\n    server: https://{node.env['KUBERNETES_SERVICE_IP']}:443\n"
-        f"    certificate-authority-data: {ca}\nusers:\n- name: whereabouts\n  user:\n"
-        f'    token: "{token}"\ncontexts:\n- name: whereabouts-context\n  context:\n    cluster: local\n'
-        f"    user: whereabouts\n    namespace: {kubenode.NS}\ncurrent-context: whereabouts-context\n")
-    flat = {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(sub / "whereabouts.kubeconfig")},
-            "reconciler_cron_expression": "30 4 * * *"}
-    for name, text in (("whereabouts.kubeconfig", kubeconfig), ("whereabouts.conf", json.dumps(flat))):
-        fd = os.open(sub / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-    binary = Path(subprocess.run([str(kubenode.UPSTREAM / "unpack"), "whereabouts"], capture_output=True,
-                                 text=True, check=True, timeout=300).stdout.strip()) / "whereabouts"
-    tmp = node.cni_bin_dir / f".{RUN}-whereabouts"
-    shutil.copy2(binary, tmp)
-    os.replace(tmp, node.cni_bin_dir / "whereabouts")
-
-
-CONTROLLER = "whereabouts"  # upstream's DaemonSet (and its container), named as upstream names it
-CONTROLLER_IMAGE = "kubenode.local/whereabouts-controller:v0.9.4"
-
-
-def controller_image(node: kubenode.Cluster) -> None:
-    """An image holding upstream's `ip-control-loop` binary at the path of upstream's image
-    (`/ip-control-loop`), imported into the node's containerd: there is no upstream image here, only the
-    binary built from upstream's sources (../shared/upstream/README.md)."""
-    cache = subprocess.run([str(kubenode.UPSTREAM / "unpack"), "whereabouts-controller"], capture_output=True,
-                           text=True, check=True, timeout=300).stdout.strip()
-    tar = node.host.parent / f"{RUN}-whereabouts-controller.tar"
-    subprocess.run([str(kubenode.UPSTREAM / "mkimage"), str(tar), CONTROLLER_IMAGE,
-                    '{"Cmd": ["/ip-control-loop"]}', f"{cache}/whereabouts-controller=/ip-control-loop"],
-                   capture_output=True, check=True, timeout=300)
+def upstream_image(node: kubenode.Cluster) -> None:
+    """Upstream's image as its Dockerfile makes it (the binaries and scripts at "/", CMD /install-cni.sh),
+    imported into the node's containerd. There is no upstream image here: its binaries are the ones built
+    from upstream's sources (../shared/upstream), its scripts are upstream's (INPUTS), and its shell and
+    tools are Debian's static busybox with every applet linked in /bin (upstream's Alpine base is busybox
+    too)."""
+    busybox = shutil.which("busybox") or "/bin/busybox"
+    applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True,
+                             timeout=60).stdout.split()
+    assert not set(SCRIPT_COMMANDS) - set(applets), set(SCRIPT_COMMANDS) - set(applets)
+    bins = kubeup.unpack("whereabouts", "whereabouts-controller")
+    files = [f"{busybox}=/bin/busybox", f"{bins}/whereabouts=/whereabouts",
+             f"{bins}/whereabouts-controller=/ip-control-loop", *(f"{INPUTS / s}=/{s}" for s in SCRIPTS)]
+    links = [arg for a in applets if a != "busybox" for arg in ("--link", f"bin/{a}=busybox")]
+    tar = node.host.parent / f"{RUN}-whereabouts.tar"
+    subprocess.run([str(kubenode.UPSTREAM / "mkimage"), str(tar), IMAGE, '{"Cmd": ["/install-cni.sh"]}',
+                    *files, *links], capture_output=True, check=True, timeout=300)
     try:
         node.ctr("images", "import", str(tar))
     finally:
         tar.unlink()
 
 
-def controller_daemonset(node: kubenode.Cluster) -> dict[str, Any]:
-    """Upstream's DaemonSet (doc/crds/daemonset-install.yaml, v0.9.4) as it runs `ip-control-loop`: the
-    same ServiceAccount, hostNetwork, privileged, tolerations, env (NODENAME, WHEREABOUTS_NAMESPACE),
-    resources, flags (`-log-level debug`) and hostPath mounts at /host/opt/cni/bin and /host/etc/cni/net.d
-    (this node's CNI dirs, as the pycni overlay points its own). Its container runs only the controller:
-    the first two lines of upstream's command (install-cni.sh, token-watcher.sh) are install_upstream's,
-    done from the host."""
-    labels = {"tier": "node", "app": "whereabouts"}
-    volumes = [("cnibin", node.cni_bin_dir, "/host/opt/cni/bin"),
-               ("cni-net-dir", node.cni_conf_dir, "/host/etc/cni/net.d")]
-    field = {"NODENAME": "spec.nodeName", "WHEREABOUTS_NAMESPACE": "metadata.namespace"}
-    container = {
-        "name": CONTROLLER, "image": CONTROLLER_IMAGE, "imagePullPolicy": "Never",
-        "command": ["/ip-control-loop", "-log-level", "debug"],
-        "env": [{"name": k, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": v}}}
-                for k, v in field.items()],
-        "resources": {"requests": {"cpu": "100m", "memory": "100Mi"},
-                      "limits": {"cpu": "100m", "memory": "200Mi"}},
-        "securityContext": {"privileged": True},
-        "volumeMounts": [{"name": n, "mountPath": m} for n, _, m in volumes]}
-    return {
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": CONTROLLER, "namespace": kubenode.NS, "labels": labels},
-        "spec": {"selector": {"matchLabels": {"name": CONTROLLER}},
-                 "updateStrategy": {"type": "RollingUpdate"},
-                 "template": {"metadata": {"labels": {**labels, "name": CONTROLLER}},
-                              "spec": {"hostNetwork": True, "serviceAccountName": SA,
-                                       "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}],
-                                       "containers": [container],
-                                       "volumes": [{"name": n, "hostPath": {"path": str(h)}}
-                                                   for n, h, _ in volumes]}}}}
+def upstream_docs(node: kubenode.Cluster) -> list[dict[str, Any]]:
+    """doc/crds/daemonset-install.yaml (ServiceAccount, ClusterRole and binding, ConfigMap, DaemonSet) with
+    the changes this node needs, each said below; the rest (the container's command, env, resources,
+    securityContext, hostNetwork, tolerations, upstream's two mounts) runs as written."""
+    docs = [d for d in yaml.safe_load_all((INPUTS / "daemonset-install.yaml").read_text()) if d]
+    conf = f"/host{node.cni_conf_dir}"
+    for doc in docs:
+        meta = doc["metadata"]
+        if "namespace" in meta:
+            # pycni's namespace, not kube-system: a migration keeps both sides' objects in one namespace
+            # (the kubeconfig install-cni.sh writes names the pod's, WHEREABOUTS_NAMESPACE)
+            meta["namespace"] = kubenode.NS
+        if doc["kind"] == "ClusterRoleBinding":
+            doc["subjects"][0]["namespace"] = kubenode.NS
+            doc["roleRef"]["name"] = f"{RUN}-{doc['roleRef']['name']}"
+        if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            meta["name"] = f"{RUN}-{meta['name']}"  # cluster-scoped: the run's names
+        if doc["kind"] != "DaemonSet":
+            continue
+        spec = doc["spec"]["template"]["spec"]
+        container = spec["containers"][0]
+        container["image"] = IMAGE  # upstream's binaries and scripts, imported (upstream_image)
+        paths = {"cnibin": node.cni_bin_dir, "cni-net-dir": node.cni_conf_dir}
+        for volume in spec["volumes"]:
+            # containerd's bin_dir and conf_dir on this node are $CNI_BIN_DIR and $CNI_CONF_DIR
+            volume["hostPath"]["path"] = str(paths[volume["name"]])
+        # lib.sh writes into the flat file the kubeconfig's host path as $CNI_CONF_DIR without "/host";
+        # with upstream's mount alone that is /etc/cni/net.d/..., which this node does not have. So the
+        # conf dir is also mounted at "/host" + its host path and CNI_CONF_DIR names that mount (on a node
+        # whose conf dir is /etc/cni/net.d that is upstream's mount: nothing to add). Upstream's mount
+        # stays: ip-control-loop reads the flat file at /host/etc/cni/net.d, a fixed path.
+        if conf != "/host/etc/cni/net.d":
+            container["volumeMounts"].append({"name": "cni-net-dir", "mountPath": conf})
+            container["env"].append({"name": "CNI_CONF_DIR", "value": conf})
+    return docs
 
 
 def controller_log(node: kubenode.Cluster) -> str:
     return node.kubectl("-n", kubenode.NS, "logs", f"daemonset/{CONTROLLER}").stdout
 
 
-def start_controller(node: kubenode.Cluster, ns: str) -> None:
-    """The DaemonSet rolled out, then proof that its pod watch delivers: a pod deleted after its start
-    is logged by its delete handler ("deleted pod [ns/name]"). A deletion before its informers have
-    listed would never reach it."""
-    node.apply([controller_daemonset(node)])
+def install_upstream(node: kubenode.Cluster, ns: str) -> None:
+    """Upstream's CRDs and daemonset-install.yaml applied, its DaemonSet rolled out, then awaited: its
+    command's install-cni.sh done (kubeconfig, flat file, nodename, binary copied), token-watcher.sh
+    started, and ip-control-loop's pod watch delivering: a pod deleted after its start is logged by its
+    delete handler ("deleted pod [ns/name]"; a deletion before its informers have listed would never
+    reach it)."""
+    node.kubectl("apply", "-f", str(kubenode.UPSTREAM / "whereabouts-crds"))
+    upstream_image(node)
+    node.apply(upstream_docs(node))
     node.kubectl("-n", kubenode.NS, "rollout", "status", f"daemonset/{CONTROLLER}", "--timeout=300s",
                  timeout=330)
+    kubenode.wait_for("upstream's install-cni.sh done and its token-watcher.sh started",
+                      lambda: INSTALLED in (log := controller_log(node)) and WATCHING in log, SETTLE)
+    flat = json.loads((node.cni_conf_dir / "whereabouts.d" / "whereabouts.conf").read_text())
+    assert Path(flat["kubernetes"]["kubeconfig"]).is_file(), flat  # a host path: the plugin reads it there
     probe = pod("watch-probe", ns, "roce-shared")
     probe["metadata"]["annotations"] = {}  # the cluster network only: nothing for the controller to free
     node.apply([probe])
@@ -280,9 +255,7 @@ def test_pods_move_from_pycni_to_upstream_whereabouts_and_back_on_a_live_node(
     assert not (node.cni_bin_dir / "whereabouts").exists() and not is_ours(node, "macvlan")
     back = False
     try:
-        install_upstream(node)
-        controller_image(node)
-        start_controller(node, ns)
+        install_upstream(node, ns)
         node.apply([pod("up-1", ns, "roce-shared"), pod("up-gone", ns, "roce-shared")])
         ready(node, ns, "up-1", "up-gone")
         up1 = addresses(node, ns, "up-1", "net1")
@@ -365,4 +338,5 @@ def test_pods_move_from_pycni_to_upstream_whereabouts_and_back_on_a_live_node(
     assert sandbox_failures(node, ns) == []
     assert node.get("-n", ns, "network-attachment-definitions", "roce-shared")["metadata"][
         "resourceVersion"] == nad_version
-    node.kubectl("delete", *(f"{d['kind'].lower()}/{d['metadata']['name']}" for d in upstream_rbac()[1:]))
+    node.kubectl("delete", *(f"{d['kind'].lower()}/{d['metadata']['name']}" for d in upstream_docs(node)
+                             if "namespace" not in d["metadata"]))  # upstream's cluster-scoped objects
