@@ -86,10 +86,9 @@ e2e: deps venv driver
 # once in-process (no agent) and once through the frozen node-local agent (PYCNI_TEST_AGENT=1). The frozen
 # passes leave to the first what runs no frozen entry or only repeats a scenario at an older cniVersion
 # (tests/conftest.py frozen_selection; they print how many).
+# The passes run as six pytest sessions, PYCNI_TEST_JOBS (default 3) at a time (tests/passes.py).
 test: deps venv driver lint bundle
-	$(VENV)/bin/pytest -q --durations=15 tests
-	PYCNI_PLUGIN_DIR=$(CURDIR)/dist/cni-bin $(VENV)/bin/pytest -q --durations=10 tests/integration tests/e2e
-	PYCNI_PLUGIN_DIR=$(CURDIR)/dist/cni-bin PYCNI_TEST_AGENT=1 $(VENV)/bin/pytest -q --durations=10 tests/integration tests/e2e
+	$(PY) -m tests.passes $(CURDIR)/dist/cni-bin
 
 # The long hardening run: the fuzz suite with the `fuzz` hypothesis profile (EXAMPLES per test and case,
 # default 5000; CI runs the bounded `ci` profile as part of `make test`).
