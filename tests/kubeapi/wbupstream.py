@@ -58,13 +58,23 @@ def admin_kubeconfig(server: kubeup.KubeServer, path: Path, namespace: str) -> P
     return path
 
 
+# Upstream takes a Lease around every IPAM operation (its plugin's and its ip-control-loop's), with
+# defaults of 1.5 s lease, 1 s renew deadline, 0.5 s retry. On a loaded 2-core machine its client's rate
+# limiter can hold a renewal past the deadline: the lease is lost mid-operation, the control loop drops
+# the rest of a deleted pod's cleanup (one range of a dual-stack pod freed, the other kept) and never
+# retries it. Its flat files here set the documented whereabouts fields as an operator of a loaded
+# cluster would; ours accepts and ignores them.
+UPSTREAM_LEADER = {"leader_lease_duration": 15000, "leader_renew_deadline": 10000, "leader_retry_period": 500}
+
+
 class Implementation:
     def __init__(self, name: str, flat: Path, kubeconfig: Path, binary: Path | None = None) -> None:
         """`binary` None: ours, in this process."""
         self.name, self.flat, self.binary = name, flat, binary
         flat.parent.mkdir(parents=True, exist_ok=True)
         doc = {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig)},
-               "local_db": str(flat.parent / "state" / "whereabouts.db")}  # ours: node-local state in tmp
+               "local_db": str(flat.parent / "state" / "whereabouts.db"),  # ours: node-local state in tmp
+               **(UPSTREAM_LEADER if binary is not None else {})}
         flat.write_text(json.dumps(doc))
 
     def conf(self, nad_conf: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -108,6 +118,7 @@ class ControlLoop:
             "datastore": "kubernetes",
             "configuration_path": "/etc/cni/net.d/whereabouts.d",
             "kubernetes": {"kubeconfig": "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"},
+            **UPSTREAM_LEADER,
         }
         (conf_dir / "whereabouts.conf").write_text(json.dumps(flat))
         (self.root / "ip-control-loop").touch()
