@@ -283,7 +283,7 @@ def run(impl: str, node: kubenode.Cluster, n: int, m: int, master: str, work: Pa
         events = node.get("-n", ns, "events")["items"]
         failed += [e for e in events if e.get("reason") == "FailedKillPod"]
         per_pod = list(running.values())
-        return {"impl": impl, "pods": n, "networks": len(nets.split(",")) if impl != "floor" else 0,
+        return {"impl": impl, "pods": n, "networks": 0 if impl == "floor" else m,
                 "all_running_s": all_running,
                 "p50_s": pct(per_pod, 0.5), "p99_s": pct(per_pod, 0.99), "not_running": n - len(running),
                 "held_at_running": held, "all_gone_s": gone, "pool_empty_s": released,
