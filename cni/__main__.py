@@ -72,7 +72,7 @@ def _via_agent(name: str, stdin: IO[bytes]) -> tuple[int | None, IO[bytes]]:
     stdin to run in-process with) when it did not take the request."""
     from cni.agent import client
 
-    path = client.socket_path(os.environ)
+    path = client.fifo_path(os.environ)
     if path is None:
         return None, stdin
     try:

@@ -101,7 +101,7 @@ class AgentExporter(Exporter):
         super().__init__(build)
         reg = self.registry
         self.attach_seconds = Histogram("pycni_attach_duration_seconds",
-                                        "CNI calls served by the agent, from the go-ahead to the answer.",
+                                        "CNI calls served by the agent, from READY to the answer.",
                                         ["plugin", "command"], buckets=CALL_BUCKETS, registry=reg)
         self.attach_errors = Counter("pycni_attach_errors_total",
                                      "CNI calls served by the agent that failed, by CNI error code.",

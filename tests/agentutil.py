@@ -3,14 +3,13 @@
 
 `make test`'s third pass sets PYCNI_TEST_AGENT=1: tests/conftest.py then runs one supervised agent for
 the session (restarted when a test kills it) and every plugin call of the integration and e2e suites
-goes through it; without it, the session points the shims at a socket that does not exist, so every
-call takes the in-process path after the shim's failed connect."""
+goes through it; without it, the session points the shims at a FIFO that does not exist, so every
+call takes the in-process path after the shim's failed open."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -44,20 +43,21 @@ def command() -> list[str]:
 
 
 def connectable(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        try:
-            s.connect(str(path))
-        except OSError:
-            return False
+    """Whether an agent reads the FIFO at `path` (opening it for writing without waiting succeeds)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    os.close(fd)
     return True
 
 
 class Agent:
-    """One agent process on `sock`, logging to `log` (appended across restarts). Its metrics endpoint is
+    """One agent process on `fifo`, logging to `log` (appended across restarts). Its metrics endpoint is
     on a free port of 127.0.0.1 (never the node default, which another agent may hold): `metrics_url`."""
 
-    def __init__(self, sock: Path, log: Path, *args: str) -> None:
-        self.sock, self.log = sock, log
+    def __init__(self, fifo: Path, log: Path, *args: str) -> None:
+        self.fifo, self.log = fifo, log
         has_metrics = any(a == "--metrics" or a.startswith("--metrics=") for a in args)
         self.args = args if has_metrics else ("--metrics=127.0.0.1:0", *args)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -65,14 +65,14 @@ class Agent:
     def start(self) -> Agent:
         env = {**os.environ, "PYTHONPATH": PYTHONPATH}
         with open(self.log, "ab") as fh:
-            self.proc = subprocess.Popen([*command(), "--socket", str(self.sock), *self.args],
+            self.proc = subprocess.Popen([*command(), "--fifo", str(self.fifo), *self.args],
                                          stdout=fh, stderr=fh, env=env, cwd="/")
         deadline = time.monotonic() + START_TIMEOUT
-        while not connectable(self.sock):
+        while not connectable(self.fifo):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"agent exited with {self.proc.returncode}: {self.log.read_text()}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"agent not serving {self.sock} after {START_TIMEOUT} s")
+                raise RuntimeError(f"agent not serving {self.fifo} after {START_TIMEOUT} s")
             time.sleep(0.05)
         RUNNING.add(self)
         return self
@@ -121,8 +121,8 @@ class Agent:
 class Supervised(Agent):
     """An agent that is started again whenever it dies while the session still wants it."""
 
-    def __init__(self, sock: Path, log: Path, *args: str) -> None:
-        super().__init__(sock, log, *args)
+    def __init__(self, fifo: Path, log: Path, *args: str) -> None:
+        super().__init__(fifo, log, *args)
         self.wanted = True
         self.restarts = 0
         self.watcher = threading.Thread(target=self._watch, daemon=True)
@@ -150,35 +150,70 @@ def agent_up() -> bool:
     return os.environ.get("PYCNI_TEST_AGENT") == "1"
 
 
-def fake_agent(path: Path, script: Callable[[socket.socket, proto.Reader], None]) -> threading.Thread:
-    """Serve one connection on `path` with `script` (after reading the three request frames)."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
-    listener.listen(1)
+class Claimed:
+    """One request taken from a scripted agent's FIFO, claimed as the agent claims it: its answer pipe
+    opened through /proc, its request read from the caller's memfd."""
+
+    def __init__(self, line: bytes) -> None:
+        self.pid, self.w, self.inode, self.memfd, self.podns = proto.parse_line(line)
+        self.pipe = os.open(f"/proc/{self.pid}/fd/{self.w}", os.O_WRONLY)
+        assert os.fstat(self.pipe).st_ino == self.inode
+        fd = os.open(f"/proc/{self.pid}/fd/{self.memfd}", os.O_RDONLY)
+        try:
+            r = proto.Reader(fd)
+            self.frames = [r.read() for _ in range(3)]
+        finally:
+            os.close(fd)
+
+    def send(self, kind: bytes, payload: bytes = b"") -> None:
+        proto.send(self.pipe, kind, payload)
+
+    def close(self) -> None:
+        os.close(self.pipe)
+
+
+def make_fifo(path: Path) -> int:
+    """A FIFO at `path`, opened for reading and writing (as the agent opens its own)."""
+    os.mkfifo(path, 0o600)
+    return os.open(path, os.O_RDWR)
+
+
+def read_line(fd: int) -> bytes:
+    """One request line from a FIFO (read a byte at a time: nothing after it is taken)."""
+    line = b""
+    while not line.endswith(b"\n"):
+        line += os.read(fd, 1)
+    return line[:-1]
+
+
+def fake_agent(path: Path, script: Callable[[Claimed], None]) -> threading.Thread:
+    """Take one request from a FIFO at `path` and run `script` on it (after claiming it and reading its
+    three frames); then close the answer pipe and the FIFO."""
+    fifo = make_fifo(path)
 
     def serve() -> None:
-        conn, _ = listener.accept()
-        listener.close()
-        r = proto.Reader(conn)
         try:
-            assert [r.read()[0] for _ in range(3)] == [proto.REQUEST, proto.ENV, proto.STDIN]
-            assert r.fds == []  # the caller's descriptors come with GO, never before READY
-            script(conn, r)
+            claimed = Claimed(read_line(fifo))
+            try:
+                assert [kind for kind, _ in claimed.frames] == [proto.REQUEST, proto.ENV, proto.STDIN]
+                script(claimed)
+            finally:
+                claimed.close()
         finally:
-            r.close_fds()
-            conn.close()
+            os.close(fifo)
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     return t
 
 
-def listener(sock: Path) -> subprocess.Popen[bytes]:
-    """A process listening on `sock` that never accepts (an agent hung before its accept), until killed."""
-    code = ("import socket, sys; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8); "
+def listener(fifo: Path) -> subprocess.Popen[bytes]:
+    """A process that holds the FIFO `fifo` open for reading and never reads it (an agent hung before it
+    takes a request), until killed; its pid is in the FIFO's lock file, as an agent's is."""
+    code = ("import os, sys; os.mkfifo(sys.argv[1], 0o600); fd = os.open(sys.argv[1], os.O_RDWR); "
+            "open(sys.argv[1] + '.lock', 'w').write(str(os.getpid())); "
             "print('ready', flush=True); sys.stdin.read()")
-    p = subprocess.Popen([sys.executable, "-c", code, str(sock)], stdin=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-c", code, str(fifo)], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE)  # fmt: skip
     assert p.stdout is not None and p.stdout.readline() == b"ready\n"
     return p
-

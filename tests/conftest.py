@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from cni.agent.client import SOCKET_ENV
+from cni.agent.client import FIFO_ENV
 from tests import agentutil, kubeup, logtee, nsutil
 from tests.kubeapi import record
 
@@ -163,16 +163,16 @@ def default_paths(root: str = "/") -> set[str]:
     """The product's default state paths on a node that exist now: the local store (with its -wal, -shm
     and journal), the cluster stores' pool locks and etcd token cache beside it (and anything else
     directly in /var/lib/cni/pycni), the device plugins' state dir (attachments, owners, locks), the
-    agent's default socket dir, the flat file dirs. Tests inject their own paths; none of these may
+    agent's default FIFO dir, the flat file dirs. Tests inject their own paths; none of these may
     appear during a session. `root`: another tree (tests)."""
-    from cni.agent.client import DEFAULT_SOCKET
+    from cni.agent.client import DEFAULT_FIFO
     from cni.device.statedir import DEFAULT_DIR
     from ipam.config import DEFAULT_LOCAL_DB, FLAT_FILES
 
     top = os.path.dirname(DEFAULT_LOCAL_DB)
     fixed = [top, *(DEFAULT_LOCAL_DB + s for s in ("", "-wal", "-shm", "-journal")), f"{top}/pool-locks",
              DEFAULT_DIR, *(f"{DEFAULT_DIR}/{sub}" for sub in ("attachments", "owners", "locks")),
-             os.path.dirname(DEFAULT_SOCKET), *(os.path.dirname(f) for f in FLAT_FILES)]
+             os.path.dirname(DEFAULT_FIFO), *(os.path.dirname(f) for f in FLAT_FILES)]
     under = os.path.join(root, top.lstrip("/"))
     found = {p for p in fixed if os.path.lexists(os.path.join(root, p.lstrip("/")))}
     # and whatever else is directly in it (etcd-token-*, a conf-example's own local_db there, ...)
@@ -195,14 +195,14 @@ _SERVED: list[str] = []
 @pytest.fixture(scope="session", autouse=True)
 def _agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """PYCNI_TEST_AGENT=1 (root): one agent for the session, and every plugin call goes through it; it
-    must have served requests by the end. Otherwise the shims look for a socket that does not exist
-    (never a node's real agent), so every call runs in-process after a failed connect."""
+    must have served requests by the end. Otherwise the shims look for a FIFO that does not exist
+    (never a node's real agent), so every call runs in-process after a failed open."""
     where = tmp_path_factory.mktemp("agent")
-    os.environ[SOCKET_ENV] = str(where / "agent.sock")
+    os.environ[FIFO_ENV] = str(where / "agent.fifo")
     if not (agentutil.agent_up() and nsutil.is_root()):
         yield
         return
-    agent = agentutil.Supervised(where / "agent.sock", where / "agent.log").start()
+    agent = agentutil.Supervised(where / "agent.fifo", where / "agent.log").start()
     yield
     agent.stop()
     _SERVED.extend(agent.served())

@@ -1,7 +1,7 @@
 """`pycni-agent`: the node-local agent (cni.agent.server) as a command, and its composition root: the
 one module of cni that imports the IPAM (the layer contracts of `make lint`, pyproject.toml), to hand
 the server what it warms up. Runs in the DaemonSet next to the installer; SIGTERM or SIGINT stops
-accepting at once (the socket is removed, new calls run in-process) and lets the requests in flight
+taking requests at once (the FIFO is removed, new calls run in-process) and lets the requests in flight
 finish. Prometheus metrics (cni.exporter) are served on --metrics (default 127.0.0.1:9736,
 PYCNI_METRICS overrides the default, `off` disables them)."""
 
@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from cni.agent.client import DEFAULT_SOCKET
+from cni.agent.client import DEFAULT_FIFO
 from cni.metrics import parse_address
 
 METRICS_ENV = "PYCNI_METRICS"
@@ -27,8 +27,8 @@ BIND_RETRY = 5.0  # seconds between attempts to bind a metrics address that was 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="pycni-agent", description=__doc__)
-    ap.add_argument("--socket", default=DEFAULT_SOCKET,
-                    help=f"unix socket to serve (default {DEFAULT_SOCKET})")
+    ap.add_argument("--fifo", default=DEFAULT_FIFO,
+                    help=f"the FIFO the plugin entries write their requests to (default {DEFAULT_FIFO})")
     ap.add_argument("--max-inflight", type=int, default=128,
                     help="requests executed at once; more are refused and run in-process (default 128)")
     ap.add_argument("--grace", type=float, default=30.0,
@@ -115,11 +115,11 @@ def main(argv: list[str] | None = None) -> int:
             os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))  # fmt: skip
     # every plugin, tool, IPAM and store module; cluster store connections outlive a request
     warm(LAZY_MODULES, hooks=(lambda: keep_warm(defer=args.defer_writes, idle=args.defer_idle, home=home),))
-    agent = Agent(args.socket, build_id(), max_inflight=args.max_inflight)
+    agent = Agent(args.fifo, build_id(), max_inflight=args.max_inflight)
     try:
         agent.bind()
     except OSError as e:
-        say(f"cannot serve {args.socket}: {e.strerror or e}")
+        say(f"cannot serve {args.fifo}: {e.strerror or e}")
         return 1
     serve_metrics(args.metrics, build_id())
 

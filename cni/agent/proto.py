@@ -1,42 +1,48 @@
-"""The agent's protocol: length-prefixed frames on a unix stream socket, stdlib only (the shim
-imports this module on every plugin call).
+"""The agent's protocol: a request line on the agent's FIFO, the request in a memfd, the answers on a
+pipe, all reached through /proc. Stdlib `os` and `struct` only: the shim imports this module on every
+plugin call, and `socket` alone (with the `enum` and `selectors` it imports) cost more than the rest of
+a served call's own start-up (docs/benchmarks.md, "The attach cycle").
 
-A frame is a 4-byte big-endian length, one kind byte, then the payload. One exchange per connection:
+A frame is a 4-byte big-endian length, one kind byte, then the payload.
 
-    shim                                             agent
-    REQUEST  fields: version, build, plugin, bundle, umask ──>
-    ENV      "K=V" items (os.environb), NUL-joined ──>
-    STDIN    the network configuration        ──>
-                                               <──  READY, or REFUSED(reason): not executed, ever
-    GO       + SCM_RIGHTS [netns, stderr, cwd(, pod netns)] ──>
-                                               <──  ANSWER: exit code, NUL, stdout
-                                                    (or REFUSED: GO came too late, not executed)
+    shim                                                  agent
+    memfd: REQUEST fields (version, build, plugin,
+           bundle, umask), ENV "K=V" items, STDIN
+    pipe (r, w)
+    FIFO: "pycni3 PID W INODE-OF-W MEMFD PODNS\\n"  ──>   opens /proc/PID/fd/W for writing (the claim)
+                                                          and checks it is the pipe INODE-OF-W; reads
+                                                          the request from /proc/PID/fd/MEMFD; opens
+                                                          /proc/PID/ns/net, /proc/PID/fd/2, /proc/PID/cwd
+                                                          (and /proc/PID/fd/PODNS); checks that W is
+                                                          still that pipe (the caller was there all along)
+                                         r  <──  READY, or REFUSED(reason): not executed, ever
+    closes w
+                                         r  <──  ANSWER: exit code, NUL, stdout
+                                                 (or REFUSED: not executed)
 
-The agent executes only after it has read GO, and says REFUSED only for a request it will never
-execute. So the shim may run a request in-process exactly when it has not sent GO or got REFUSED;
-once GO is sent, a lost connection means "maybe executed" and the shim reports code 11 instead of
-running it a second time (cni.agent.client).
+PODNS is CNI_NETNS opened by the shim (-1 when it could not be: the agent then looks the path up and
+reports what it finds, as a plugin process would). The request line is shorter than PIPE_BUF, so
+concurrent shims' lines never interleave; the FIFO holds no descriptor, so an agent that never reads
+it (stopped, hung) holds nothing of its callers.
 
-The caller's descriptors travel with GO, never before READY: a descriptor in flight is held by the
-receiving socket until the agent reads it, and a connection waiting in the backlog of an agent that
-does not accept (stopped: SIGSTOP, a frozen container) is never read. A shim that gave up on such an
-agent and ran the call in-process would otherwise leave its stderr open there, and the runtime, which
-reads the plugin's output until end of file, would wait for the agent, not for the plugin (issue 28);
-the namespace descriptors would keep a pod's namespace, and the devices in it, alive."""
+Who may run a request in-process (never twice): the shim waits for the agent's first frame at most
+PYCNI_AGENT_TIMEOUT seconds; then it closes `w` and reads on. End of file then means no agent ever
+opened the pipe, and none can any more (W is gone from /proc/PID/fd): the shim runs the call itself.
+A frame means an agent claimed it meanwhile, and the exchange goes on. After READY the shim closes `w`,
+so the end of file comes when the agent is done with the pipe: without an ANSWER, the agent may have
+applied part of the request and the shim answers code 11 instead of running it (cni.agent.client)."""
 
 from __future__ import annotations
 
-# struct, not array, for descriptor lists: array registers with collections.abc, which imports
-# collections (on the shim path of every call).
 import os
-import socket
 import struct
 
-VERSION = b"2"
-REQUEST, ENV, STDIN, READY, REFUSED, GO, ANSWER = b"Q", b"E", b"I", b"R", b"N", b"G", b"A"
-KINDS = frozenset((REQUEST, ENV, STDIN, READY, REFUSED, GO, ANSWER))
+VERSION = b"3"
+LINE = b"pycni3"  # the first word of a request line
+REQUEST, ENV, STDIN, READY, REFUSED, ANSWER = b"Q", b"E", b"I", b"R", b"N", b"A"
+KINDS = frozenset((REQUEST, ENV, STDIN, READY, REFUSED, ANSWER))
 MAX_FRAME = 16 << 20  # a network configuration is kilobytes; anything near this is not ours
-MAX_FDS = 4  # netns, stderr, cwd of the caller, and the pod's namespace (CNI_NETNS) when it opened it
+MAX_LINE = 128  # a request line: six short fields (far below PIPE_BUF, 4096 on Linux)
 _HEAD = struct.Struct(">I")
 
 
@@ -45,7 +51,7 @@ class ProtocolError(Exception):
 
 
 class Closed(ProtocolError):
-    """The peer closed the connection at a frame boundary."""
+    """The peer closed its end at a frame boundary."""
 
 
 def frame(kind: bytes, payload: bytes = b"") -> bytes:
@@ -56,14 +62,15 @@ def frame(kind: bytes, payload: bytes = b"") -> bytes:
     return _HEAD.pack(len(payload) + 1) + kind + payload
 
 
-def send(sock: socket.socket, kind: bytes, payload: bytes = b"", fds: tuple[int, ...] = ()) -> None:
-    data = frame(kind, payload)
-    if fds:
-        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
-        sent = sock.sendmsg([data], rights)
-        data = data[sent:]
-    if data:
-        sock.sendall(data)
+def send(fd: int, kind: bytes, payload: bytes = b"") -> None:
+    """One frame, whole, on a pipe or file (a pipe's reader may take it in pieces)."""
+    write_all(fd, frame(kind, payload))
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def fields(*items: bytes) -> bytes:
@@ -95,35 +102,49 @@ def decode_env(payload: bytes) -> dict[str, str]:
     return env
 
 
-class Reader:
-    """Frames from one socket; file descriptors passed with SCM_RIGHTS are collected in `fds` (the
-    owner closes them)."""
+def lock_path(fifo: str) -> str:
+    """The agent's lock file next to its FIFO: held (flock) by the agent serving it, holding its pid and
+    the inode of its pid namespace ("PID PIDNS\\n")."""
+    return fifo + ".lock"
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+
+def request_line(pid: int, w: int, inode: int, memfd: int, podns: int) -> bytes:
+    return b"%s %d %d %d %d %d\n" % (LINE, pid, w, inode, memfd, podns)
+
+
+def parse_line(line: bytes) -> tuple[int, int, int, int, int]:
+    """(pid, w, inode of w, memfd, pod netns fd or -1) of a request line (without its newline)."""
+    words = line.split(b" ")
+    if len(words) != 6 or words[0] != LINE:
+        raise ProtocolError(f"not a request line: {line[:MAX_LINE]!r}")
+    try:
+        pid, w, inode, memfd, podns = (int(x) for x in words[1:])
+    except ValueError:
+        raise ProtocolError(f"not a request line: {line[:MAX_LINE]!r}") from None
+    if pid <= 0 or w < 0 or memfd < 0 or inode <= 0 or podns < -1:
+        raise ProtocolError(f"not a request line: {line[:MAX_LINE]!r}")
+    return pid, w, inode, memfd, podns
+
+
+class Reader:
+    """Frames from one file descriptor (a pipe, a memfd), read with os.read."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
         self.buf = bytearray()
-        self.fds: list[int] = []
 
     def _fill(self) -> bool:
-        space = socket.CMSG_SPACE(MAX_FDS * 4)
-        # close-on-exec: a request's descriptors must never reach a process the request execs
-        data, ancdata, flags, _ = self.sock.recvmsg(1 << 16, space, socket.MSG_CMSG_CLOEXEC)
-        for level, typ, cdata in ancdata:
-            if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-                count = len(cdata) // 4
-                self.fds.extend(struct.unpack(f"{count}i", cdata[: count * 4]))
-        if flags & socket.MSG_CTRUNC:
-            raise ProtocolError("too many file descriptors")
+        data = os.read(self.fd, 1 << 16)
         self.buf += data
         return bool(data)
 
     def read(self) -> tuple[bytes, bytes]:
-        """The next (kind, payload). Closed at a clean end of stream, ProtocolError otherwise."""
+        """The next (kind, payload). Closed at a clean end of file, ProtocolError otherwise."""
         while len(self.buf) < _HEAD.size or len(self.buf) < _HEAD.size + self._length():
             if not self._fill():
                 if self.buf:
-                    raise ProtocolError("connection closed mid-frame")
-                raise Closed("connection closed")
+                    raise ProtocolError("closed mid-frame")
+                raise Closed("closed")
         size = self._length()
         kind, payload = bytes(self.buf[4:5]), bytes(self.buf[5 : _HEAD.size + size])
         del self.buf[: _HEAD.size + size]
@@ -142,27 +163,6 @@ class Reader:
         if kind not in kinds:
             raise ProtocolError(f"expected {b'/'.join(kinds)!r}, got {kind!r}")
         return kind, payload
-
-    def close_fds(self) -> None:
-        for fd in self.fds:
-            try:  # noqa: SIM105 (no contextlib on the shim path)
-                os.close(fd)
-            except OSError:
-                pass
-        self.fds.clear()
-
-
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end (SO_PEERCRED: pid, uid, gid as the kernel saw them at
-    connect/listen time)."""
-    return peer(sock)[1]
-
-
-def peer(sock: socket.socket) -> tuple[int, int]:
-    """(pid, uid) of the process at the other end (SO_PEERCRED; pid 0: not in this pid namespace)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _ = struct.unpack("3i", creds)
-    return int(pid), int(uid)
 
 
 def stopped(pid: int) -> bool:

@@ -1,15 +1,17 @@
-"""The node-local agent: serves CNI calls from the shim (cni.agent.client) over a unix socket, by
-calling the same `cni.skel.run` a plugin process calls, with the netlink codec, the plugin modules and
-the IPAM modules imported once (`warm`: what the agent's main hands it; this module imports no IPAM).
+"""The node-local agent: serves CNI calls from the shim (cni.agent.client) through its FIFO
+(cni.agent.proto), by calling the same `cni.skel.run` a plugin process calls, with the netlink codec,
+the plugin modules and the IPAM modules imported once (`warm`: what the agent's main hands it; this
+module imports no IPAM).
 
-Each connection gets its own thread, and the request runs on that thread in the caller's context:
+Each request gets its own thread, and the request runs on that thread in the caller's context:
 its environment (passed, never os.environ), its network namespace (setns on this thread only), its
-cwd and umask (after unshare(CLONE_FS), which gives the thread its own), and its stderr (the fd itself,
-passed with SCM_RIGHTS; cni.log writes there for this thread's context only). The thread ends with the
+cwd and umask (after unshare(CLONE_FS), which gives the thread its own), and its stderr (reopened from
+/proc/<pid>/fd/2; cni.log writes there for this thread's context only). The thread ends with the
 request, so no namespace or directory change outlives it.
 
-Security: the socket is 0600 in a 0700 directory and every peer is checked with SO_PEERCRED (root
-only): a request names namespaces and files the agent acts on as root."""
+Security: the FIFO is 0600 in a 0700 directory and every caller is checked (the owner of /proc/<pid>:
+root only): a request names namespaces and files the agent acts on as root. The agent reaches its
+callers' descriptors through /proc, so it runs in the host's pid namespace (the DaemonSet's hostPID)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import contextlib
 import fcntl
 import io
 import os
-import socket
+import select
 import stat
 import threading
 import time
@@ -27,8 +29,7 @@ from dataclasses import dataclass, field
 from cni import metrics
 from cni.agent import proto
 
-READ_TIMEOUT = 5.0  # to read a request once connected
-GO_TIMEOUT = 5.0  # from READY to GO
+POLL = 0.2  # seconds between looks at `stopping` while no request comes
 
 
 @dataclass
@@ -56,20 +57,85 @@ def read_job(reader: proto.Reader) -> Job:
         raise proto.ProtocolError(f"protocol version {version!r} (this agent speaks {proto.VERSION!r})")
     _, env = reader.expect(proto.ENV)
     _, stdin = reader.expect(proto.STDIN)
-    if reader.fds or not umask.isdigit():
-        raise proto.ProtocolError("a request carries a umask, and no descriptor before GO")
+    if not umask.isdigit():
+        raise proto.ProtocolError("a request carries a umask")
     return Job(plugin.decode(), build.decode(), os.fsdecode(bundle), int(umask) & 0o777,
                proto.decode_env(env), stdin)
 
 
-def read_go(reader: proto.Reader, job: Job) -> None:
-    """GO and the caller's descriptors with it (netns, stderr, cwd, the pod's namespace when the caller
-    opened it) into `job.fds`."""
-    reader.expect(proto.GO)
-    if len(reader.fds) not in (3, 4):
-        raise proto.ProtocolError("GO carries three descriptors (netns, stderr, cwd) and the pod's "
-                                  "namespace when the caller opened it")
-    job.fds = list(reader.fds)
+def request_of(pid: int, memfd: int) -> Job:
+    """The request the caller wrote into its memfd (read from offset 0 through /proc)."""
+    fd = os.open(f"/proc/{pid}/fd/{memfd}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return read_job(proto.Reader(fd))
+    finally:
+        os.close(fd)
+
+
+def caller_fds(pid: int, podns: int) -> list[int]:
+    """The caller's network namespace, stderr (appending: a log file it was given is never
+    overwritten), cwd, and the pod's namespace it opened (CNI_NETNS), reopened through /proc."""
+    base = f"/proc/{pid}"
+    paths = [(f"{base}/ns/net", os.O_RDONLY), (f"{base}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NOCTTY),
+             (f"{base}/cwd", os.O_RDONLY | os.O_DIRECTORY)]
+    if podns >= 0:
+        paths.append((f"{base}/fd/{podns}", os.O_RDONLY | os.O_NONBLOCK))
+    fds: list[int] = []
+    try:
+        for path, flags in paths:
+            fds.append(os.open(path, flags | os.O_CLOEXEC))
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds
+
+
+def same_pipe(pid: int, w: int, inode: int) -> bool:
+    """Whether descriptor `w` of process `pid` is (still) the pipe `inode`: the caller that wrote the
+    request line is alive, so everything opened through /proc/<pid> before this check was its own."""
+    try:
+        st = os.stat(f"/proc/{pid}/fd/{w}")
+    except OSError:
+        return False
+    return st.st_ino == inode and stat.S_ISFIFO(st.st_mode)
+
+
+def claim_request(line: bytes) -> tuple[int, int, int, int, int, int] | None:
+    """Take the request of a line from the FIFO: (its answer pipe, opened here, pid, w, inode, memfd,
+    pod netns fd), or None: not a request line, or its shim withdrew it or is gone (its pipe is no
+    longer at /proc/<pid>/fd/<w>), so that nobody may ever execute it."""
+    try:
+        pid, w, inode, memfd, podns = proto.parse_line(line)
+    except proto.ProtocolError as e:
+        say(str(e))
+        return None
+    # looked at before it is opened: opening whatever another process holds there could act on it
+    if not same_pipe(pid, w, inode):
+        say(f"request of pid {pid} withdrawn, or its caller gone")
+        return None
+    try:  # not blocking: a FIFO with no reader would hold this thread
+        pipe = os.open(f"/proc/{pid}/fd/{w}", os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        say(f"request of pid {pid} withdrawn, or its caller gone: {e.strerror or e}")
+        return None
+    st = os.fstat(pipe)
+    if st.st_ino != inode or not stat.S_ISFIFO(st.st_mode):
+        os.close(pipe)
+        say(f"request of pid {pid} withdrawn, or its caller gone")
+        return None
+    os.set_blocking(pipe, True)
+    return pipe, pid, w, inode, memfd, podns
+
+
+def caller_uid(pid: int) -> int:
+    """The effective uid of process `pid` (from /proc/<pid>/status: the owner of /proc/<pid> is root for
+    a process that is not dumpable, one that changed its uid say)."""
+    with open(f"/proc/{pid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Uid:"):
+                return int(line.split()[2])
+    raise OSError(0, f"no Uid line in /proc/{pid}/status")
 
 
 def enter_caller(job: Job) -> None:
@@ -126,72 +192,91 @@ class Agent:
         self.lock = threading.Lock()
         self.inflight = 0
         self.served = 0
-        self.stopped_at = 0.0  # when serve() stopped accepting (monotonic): the stop's budget starts
+        self.stopped_at = 0.0  # when serve() stopped taking requests (monotonic): the stop's budget starts
         self.threads: set[threading.Thread] = set()
-        self.listener: socket.socket | None = None
+        self.fifo = -1
+        self.lines = bytearray()  # read from the FIFO, not yet a whole line
         self.lockfd = -1
         self.ident: tuple[int, int] | None = None
 
-    # ---- socket ---------------------------------------------------------------------------------
+    # ---- the FIFO -------------------------------------------------------------------------------
 
     def bind(self) -> None:
-        """Directory 0700, one agent per socket (flock), socket 0600 put in place by rename."""
+        """Directory 0700, one agent per FIFO (flock on the lock file, which holds its pid and pid
+        namespace for the shims' checks), FIFO 0600 put in place by rename."""
         parent = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(parent, mode=0o700, exist_ok=True)
         st = os.stat(parent)
         if st.st_uid != os.geteuid():
             raise OSError(0, f"{parent} belongs to uid {st.st_uid}, not to this agent")
         os.chmod(parent, 0o700)
-        self.lockfd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.lockfd = os.open(proto.lock_path(self.path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(self.lockfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise OSError(0, f"another agent serves {self.path}") from None
+        os.ftruncate(self.lockfd, 0)
+        pidns = os.stat("/proc/self/ns/pid").st_ino  # a shim in another one is not found by its pid
+        os.pwrite(self.lockfd, f"{os.getpid()} {pidns}\n".encode(), 0)
         tmp = f"{self.path}.{os.getpid()}.tmp"
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        sock.bind(tmp)
+        os.mkfifo(tmp, 0o600)
         os.chmod(tmp, 0o600)
-        sock.listen(128)
+        # read and write: the FIFO never reads as closed while no shim has it open
+        fd = os.open(tmp, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
         os.rename(tmp, self.path)
-        st = os.stat(self.path)
+        st = os.fstat(fd)
         self.ident = (st.st_dev, st.st_ino)
-        sock.settimeout(0.2)
-        self.listener = sock
+        self.fifo = fd
 
     def close(self) -> None:
-        """Remove the socket (if it is still ours) so that new calls go in-process at once."""
-        if self.listener is not None:
+        """Remove the FIFO (if it is still ours) so that new calls go in-process at once, and refuse
+        the requests already in it, whose shims then run them in-process without waiting."""
+        if self.fifo >= 0:
             with contextlib.suppress(FileNotFoundError):
                 st = os.stat(self.path)
-                if (st.st_dev, st.st_ino) == self.ident and stat.S_ISSOCK(st.st_mode):
+                if (st.st_dev, st.st_ino) == self.ident and stat.S_ISFIFO(st.st_mode):
                     os.unlink(self.path)
-            self.listener.close()
-            self.listener = None
+            for line in self._read_lines():
+                self._turn_away(line)
+            os.close(self.fifo)
+            self.fifo = -1
         if self.lockfd >= 0:
             os.close(self.lockfd)
             self.lockfd = -1
 
+    def _read_lines(self) -> list[bytes]:
+        """The whole request lines the FIFO holds now (a line is written in one piece)."""
+        while True:
+            try:
+                data = os.read(self.fifo, 1 << 16)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            self.lines += data
+        *lines, rest = bytes(self.lines).split(b"\n")
+        if len(rest) > proto.MAX_LINE:
+            say(f"dropped {len(rest)} bytes of no request line from the FIFO")
+            rest = b""
+        self.lines[:] = rest
+        return lines
+
     # ---- serving --------------------------------------------------------------------------------
 
     def serve(self, grace: float = 30.0) -> None:
-        """Accept until stop(); then let the requests in flight finish (up to `grace` seconds)."""
-        assert self.listener is not None
+        """Take requests until stop(); then let the requests in flight finish (up to `grace` seconds)."""
+        assert self.fifo >= 0
         say(f"serving {self.path} (build {self.build}, up to {self.max_inflight} requests at once)")
         while not self.stopping.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except TimeoutError:
+            if not select.select([self.fifo], [], [], POLL)[0]:
                 continue
-            except OSError as e:
-                say(f"accept: {e}")
-                time.sleep(0.05)
-                continue
-            t = threading.Thread(target=self._connection, args=(conn,), daemon=True)
-            with self.lock:
-                self.threads.add(t)
-            t.start()
+            for line in self._read_lines():
+                t = threading.Thread(target=self._request, args=(line,), daemon=True)
+                with self.lock:
+                    self.threads.add(t)
+                t.start()
         self.stopped_at = time.monotonic()
         self.close()
         deadline = self.stopped_at + grace
@@ -215,65 +300,80 @@ class Agent:
             metrics.sink().inflight(self.inflight)
             return None
 
-    def _refuse(self, conn: socket.socket, reason: str, why: str) -> None:
+    def _refuse(self, pipe: int, reason: str, why: str) -> None:
         metrics.sink().refused(reason)
-        proto.send(conn, proto.REFUSED, why.encode())
+        proto.send(pipe, proto.REFUSED, why.encode())
 
-    def _connection(self, conn: socket.socket) -> None:
-        reader = proto.Reader(conn)
+    def _turn_away(self, line: bytes) -> None:
+        claim = claim_request(line)
+        if claim is not None:
+            with contextlib.suppress(OSError):
+                self._refuse(claim[0], "stopping", "the agent is stopping")
+            os.close(claim[0])
+
+    def _request(self, line: bytes) -> None:
+        claim = claim_request(line)
         try:
-            self._exchange(conn, reader)
+            if claim is not None:
+                self._exchange(*claim)
         except (OSError, proto.ProtocolError) as e:
-            if not isinstance(e, proto.Closed):
-                say(f"connection dropped: {e}")
+            say(f"request dropped: {e}")
         finally:
-            reader.close_fds()
-            conn.close()
+            if claim is not None:
+                os.close(claim[0])
             with self.lock:
                 self.threads.discard(threading.current_thread())
 
-    def _exchange(self, conn: socket.socket, reader: proto.Reader) -> None:
-        uid = proto.peer_uid(conn)
+    def _exchange(self, pipe: int, pid: int, w: int, inode: int, memfd: int, podns: int) -> None:
+        uid = caller_uid(pid)
         if uid not in self.allowed_uids:
             say(f"refused a caller with uid {uid}")
-            self._refuse(conn, "uid", "only root may use the agent")
-            return
-        conn.settimeout(READ_TIMEOUT)
-        job = read_job(reader)
-        refusal = self._admit(job)
-        if refusal is not None:
-            self._refuse(conn, *refusal)
+            self._refuse(pipe, "uid", "only root may use the agent")
             return
         try:
-            self._run(conn, reader, job)
+            job = request_of(pid, memfd)
+        except proto.ProtocolError as e:  # another protocol version, say: the shim runs it in-process
+            self._refuse(pipe, "protocol", f"malformed request: {e}")
+            return
+        refusal = self._admit(job)
+        if refusal is not None:
+            self._refuse(pipe, *refusal)
+            return
+        try:
+            self._run(pipe, job, pid, (w, inode), podns)
         finally:
             with self.lock:
                 self.inflight -= 1
                 metrics.sink().inflight(self.inflight)
 
-    def _run(self, conn: socket.socket, reader: proto.Reader, job: Job) -> None:
-        proto.send(conn, proto.READY)
-        conn.settimeout(GO_TIMEOUT)
+    def _run(self, pipe: int, job: Job, pid: int, answer: tuple[int, int], podns: int) -> None:
         try:
-            read_go(reader, job)
-        except TimeoutError:
-            self._refuse(conn, "go", "no GO in time")
-            return
-        try:
-            enter_caller(job)
+            job.fds = caller_fds(pid, podns)
         except OSError as e:  # nothing executed yet: the shim runs it in-process
-            self._refuse(conn, "context", f"cannot enter the caller's context: {e.strerror}")
+            self._refuse(pipe, "context", f"cannot open the caller's context: {e.strerror or e}")
             return
-        conn.settimeout(None)
-        started = time.monotonic()
-        rc, out = execute(job)
-        command = job.env.get("CNI_COMMAND", "")
-        proto.send(conn, proto.ANSWER, str(rc).encode() + b"\0" + out)
-        took = time.monotonic() - started
-        with self.lock:
-            self.served += 1
-        metrics.sink().attach(job.plugin, command, took, error_code(rc, out))
-        say(f"served {job.plugin} {command} rc={rc} in {took * 1000:.1f} ms")
+        try:
+            if not same_pipe(pid, *answer):
+                say(f"request of pid {pid}: its caller went away")
+                return
+            proto.send(pipe, proto.READY)
+            try:
+                enter_caller(job)
+            except OSError as e:  # nothing executed yet: the shim runs it in-process
+                self._refuse(pipe, "context", f"cannot enter the caller's context: {e.strerror}")
+                return
+            started = time.monotonic()
+            rc, out = execute(job)
+            command = job.env.get("CNI_COMMAND", "")
+            proto.send(pipe, proto.ANSWER, str(rc).encode() + b"\0" + out)
+            took = time.monotonic() - started
+            with self.lock:
+                self.served += 1
+            metrics.sink().attach(job.plugin, command, took, error_code(rc, out))
+            say(f"served {job.plugin} {command} rc={rc} in {took * 1000:.1f} ms")
+        finally:
+            for fd in job.fds:
+                os.close(fd)
 
 
 def warm(modules: Iterable[str] = (), hooks: Iterable[Callable[[], None]] = ()) -> None:

@@ -29,8 +29,8 @@ Implementations, each in a fresh namespace (kubeup.Tenant) per range mode on the
   whereabouts objects, leases, pods, nodes, NADs, events), NODENAME set;
 - pycni: the frozen `whereabouts` entry (dist/cni-bin) with PYCNI_AGENT=off (--source: `python -m cni
   whereabouts`), the tenant's node kubeconfig (tokenFile, rbac.yaml as shipped);
-- pycni+agent: one `pycni-agent` per simulated node (own socket), every call through the shim with
-  PYCNI_AGENT_SOCKET set; the agents' logs must show they served every call (fallbacks are counted).
+- pycni+agent: one `pycni-agent` per simulated node (own FIFO), every call through the shim with
+  PYCNI_AGENT_FIFO set; the agents' logs must show they served every call (fallbacks are counted).
 
 Per implementation, mode and phase: wall time, attachments/s, p50/p99 per call and per pod, API requests
 per attachment split by verb/resource with 409/422 (deltas of apiserver_request_total), API-server CPU
@@ -97,7 +97,7 @@ CALL_TIMEOUT = 150.0  # upstream's own ADD limit is 2 min
 # shared machine make it.)
 DEFAULT_PATHS = ("/var/lib/cni/pycni/whereabouts.db", "/var/lib/cni/pycni/whereabouts.db-wal",
                  "/var/lib/cni/pycni/pool-locks",
-                 "/etc/cni/net.d/whereabouts.d", "/run/pycni/agent.sock",
+                 "/etc/cni/net.d/whereabouts.d", "/run/pycni/agent.fifo",
                  "/etc/kubernetes/cni/net.d/whereabouts.d", "/host/etc/cni/net.d/whereabouts.d")
 UPSTREAM_RULES: list[dict[str, Any]] = [  # ClusterRole whereabouts-cni (doc/crds/daemonset-install.yaml)
     {"apiGroups": ["whereabouts.cni.cncf.io"],
@@ -718,7 +718,7 @@ class Pycni(Impl):
                     for k in range(agents):
                         node = f"node-{k}"
                         self.agents[node] = agentutil.Agent(
-                            where / f"{node}.sock", where / f"{node}.log", *agent_args).start()
+                            where / f"{node}.fifo", where / f"{node}.log", *agent_args).start()
                 except BaseException:
                     self.close()
                     raise
@@ -741,7 +741,7 @@ class Pycni(Impl):
         if self.bundle is None:
             env["PYTHONPATH"] = str(REPO)
         if self.agents:
-            env["PYCNI_AGENT_SOCKET"] = str(self.agents[node].sock)
+            env["PYCNI_AGENT_FIFO"] = str(self.agents[node].fifo)
             if self.agent_timeout is not None:
                 env["PYCNI_AGENT_TIMEOUT"] = str(self.agent_timeout)
         else:

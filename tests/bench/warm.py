@@ -68,7 +68,7 @@ def conflist(master: str, ipam: dict[str, Any]) -> dict[str, Any]:
         {"type": "macvlan", "master": master, "mode": "bridge", "ipam": ipam}]}
 
 
-def sides(topo: Topology, scratch: Path, agent_sock: Path) -> list[Side]:
+def sides(topo: Topology, scratch: Path, agent_fifo: Path) -> list[Side]:
     """Go, then pycni standalone and through the agent with the same IPAM (Debian's host-local, a Go
     process exec'd per call), then the same two with our whereabouts (SQLite store, in-process)."""
     (scratch / "flat.conf").write_text("{}")
@@ -82,7 +82,7 @@ def sides(topo: Topology, scratch: Path, agent_sock: Path) -> list[Side]:
                 "local_db": str(scratch / f"{name}.db"), "configuration_path": str(scratch / "flat.conf")}
 
     ours = f"{BUNDLE}:{libcni.REFERENCE_DIR}"
-    off, on = {"PYCNI_AGENT": "off"}, {"PYCNI_AGENT_SOCKET": str(agent_sock)}
+    off, on = {"PYCNI_AGENT": "off"}, {"PYCNI_AGENT_FIFO": str(agent_fifo)}
     return [
         Side("Go", libcni.REFERENCE_DIR, {}, conflist(topo.add_uplink("g"), host_local("go")), scratch),
         Side("pycni", ours, off, conflist(topo.add_uplink("s"), host_local("st")), scratch),
@@ -124,7 +124,7 @@ def pod16(driver: libcni.Driver, topo: Topology) -> Callable[[Side], float]:
     return run
 
 
-def process_floor(agent_sock: Path) -> None:
+def process_floor(agent_fifo: Path) -> None:
     """One process per call, nothing else: where the per-call floor is (tests.bench.bundle's timer)."""
     from tests.bench.bundle import DIST, fmt, run, timed
 
@@ -135,7 +135,7 @@ def process_floor(agent_sock: Path) -> None:
         "pycni VERSION, in-process": lambda: run([str(BUNDLE / "macvlan")],
                                                  {**version, "PYCNI_AGENT": "off"}),
         "pycni VERSION, via agent": lambda: run([str(BUNDLE / "macvlan")],
-                                                {**version, "PYCNI_AGENT_SOCKET": str(agent_sock)}),
+                                                {**version, "PYCNI_AGENT_FIFO": str(agent_fifo)}),
         "python3.12 -I -c pass": lambda: run([python, "-I", "-c", "pass"]),
     }
     empty = DIST / "empty-bundle" / "empty" / "empty"
@@ -175,12 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="pycni-warm-") as tmp, \
                 environ(PYCNI_PLUGIN_DIR=str(BUNDLE)):
             scratch = Path(tmp)
-            agent = agentutil.Agent(scratch / "run" / "agent.sock", scratch / "agent.log").start()
+            agent = agentutil.Agent(scratch / "run" / "agent.fifo", scratch / "agent.log").start()
             try:
                 print("load average at start: {:.2f} {:.2f} {:.2f} (2 cores shared)".format(
                     *os.getloadavg()))
                 driver = libcni.Driver(libcni.ensure_driver(), topo.host, scratch / "cache")
-                all_sides = sides(topo, scratch, agent.sock)
+                all_sides = sides(topo, scratch, agent.fifo)
                 pod = topo.pod("cy")
                 cycles = alternate(all_sides, args.cycles,
                                    lambda s: one_cycle(driver, s.side, s.conflist, pod))
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"median of {args.pods} pods",
                        {k: statistics.median(v) for k, v in pods.items()},
                        "wall time of 16 `cnidriver add` processes (driver start-up included on every side)")
-                process_floor(agent.sock)
+                process_floor(agent.fifo)
                 served = agent.served("macvlan")
                 expected = 2 * (2 * (args.cycles + 1) + 2 * ATTACHMENTS * (args.pods + 1)) + 31  # + VERSIONs
                 print(f"\nagent served {len(served)} macvlan calls "

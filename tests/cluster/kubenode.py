@@ -9,8 +9,8 @@ machine: `KubeProxyLock` serialises them with a host-wide flock, held from befor
 kube-node-down has returned, and then waits (bounded) for a claim of the kit's own by a cluster that
 is not ours to go away.
 
-The node's runtime environment carries PYCNI_AGENT_SOCKET (containerd inherits kube-node-up's
-environment, Multus and the plugins inherit containerd's): the agent's socket lives in the test's own
+The node's runtime environment carries PYCNI_AGENT_FIFO (containerd inherits kube-node-up's
+environment, Multus and the plugins inherit containerd's): the agent's FIFO lives in the test's own
 directory, never in /run/pycni, and two clusters on one host never share an agent."""
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class Cluster:
         return Path(self.env["CNI_CONF_DIR"])
 
     @property
-    def agent_socket_dir(self) -> Path:
+    def agent_fifo_dir(self) -> Path:
         return self.host / "run-pycni"
 
     @property
@@ -155,7 +155,7 @@ def up(workdir: Path) -> Cluster:
     (host / "run-pycni").mkdir(parents=True)
     (host / "var-lib-cni").mkdir()
     env = {**os.environ, "MULTUS": "1", "KUBE_PROXY": "1", "UP_TMPDIR": str(workdir),
-           "PYCNI_AGENT_SOCKET": str(host / "run-pycni" / "agent.sock")}
+           "PYCNI_AGENT_FIFO": str(host / "run-pycni" / "agent.fifo")}
     proc = subprocess.run([str(UPSTREAM / "kube-node-up")], capture_output=True, text=True, env=env,
                           check=False, timeout=900)
     if proc.returncode != 0:  # kube-node-up cleans up after itself on failure
@@ -175,7 +175,7 @@ def down(cluster_dir: Path) -> None:
 
 
 def short_workdir() -> Path:
-    """A short directory in /tmp (unix socket paths under it stay well below 108 bytes)."""
+    """A short directory in /tmp (unix socket paths under it, the node's own, stay well below 108 bytes)."""
     return Path(tempfile.mkdtemp(prefix=f"{RUN}-kn-"))
 
 
@@ -227,9 +227,9 @@ def overlay_changes(cluster: Cluster, tag: str) -> list[tuple[str, str, Any, str
         ("add", f"{spec}/containers/0/command/-", f"--host-cni-conf-dir={conf}",
          "the installer writes host paths into the flat file and kubeconfig: the conf dir as the host "
          "has it"),
-        ("replace", f"{spec}/volumes/2/hostPath/path", str(cluster.agent_socket_dir),
-         "agent-socket: the test's own directory (never the host's /run/pycni; the node's runtime has "
-         "PYCNI_AGENT_SOCKET pointing there)"),
+        ("replace", f"{spec}/volumes/2/hostPath/path", str(cluster.agent_fifo_dir),
+         "agent-fifo: the test's own directory (never the host's /run/pycni; the node's runtime has "
+         "PYCNI_AGENT_FIFO pointing there)"),
         ("replace", f"{spec}/volumes/4/hostPath/path", str(cluster.state_dir),
          "cni-state: the test's own directory for the node's /var/lib/cni (the test NADs' stateDir and "
          "local_db, hence the pool locks, are under it)"),
@@ -244,7 +244,7 @@ def overlay_changes(cluster: Cluster, tag: str) -> list[tuple[str, str, Any, str
 
 EXPECTED_NAMES = {  # what each index of overlay_changes must name in the shipped DaemonSet
     "/spec/template/spec/volumes/0": "cni-bin", "/spec/template/spec/volumes/1": "cni-conf",
-    "/spec/template/spec/volumes/2": "agent-socket", "/spec/template/spec/volumes/4": "cni-state",
+    "/spec/template/spec/volumes/2": "agent-fifo", "/spec/template/spec/volumes/4": "cni-state",
     "/spec/template/spec/containers/0": "installer", "/spec/template/spec/containers/1": "agent",
     "/spec/template/spec/containers/1/volumeMounts/2": "cni-bin",
     "/spec/template/spec/containers/1/volumeMounts/3": "cni-conf",

@@ -55,7 +55,7 @@ def via(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent | None
         return
     if not is_root():
         pytest.skip("the agent serves root only")
-    agent = Agent(tmp_path / "run" / "agent.sock", tmp_path / "agent.log").start()
+    agent = Agent(tmp_path / "run" / "agent.fifo", tmp_path / "agent.log").start()
     try:
         yield agent
     finally:
@@ -72,7 +72,7 @@ def call(
         "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/run/netns/none",
         "CNI_IFNAME": "net1", "CNI_PATH": "/usr/lib/cni",
         "CNI_ARGS": args + (f";IP={ip_arg}" if ip_arg else ""),
-        "PYCNI_AGENT_SOCKET": str(agent.sock) if agent else "/nonexistent/agent.sock",
+        "PYCNI_AGENT_FIFO": str(agent.fifo) if agent else "/nonexistent/agent.fifo",
         "PYCNI_AGENT_TIMEOUT": "120",
     }  # fmt: skip
     proc = subprocess.run([sys.executable, "-m", "cni", "whereabouts"], input=jsonio.dumps(conf), env=env,

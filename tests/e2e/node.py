@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from cni.agent.client import SOCKET_ENV
+from cni.agent.client import FIFO_ENV
 from ipam.config import FLAT_FILES
 from tests import agentutil
 from tests.logtee import PYTHONPATH
@@ -55,7 +55,7 @@ class Node:
         if cni_conf_dir is not None:
             assert not cni_conf_absent(), cni_conf_absent()
             cni_conf_dir.mkdir(parents=True, exist_ok=True)
-        self.agent_socket: Path | None = None
+        self.agent_fifo: Path | None = None
 
     def path(self, host_path: str) -> Path:
         """Where a /var/lib/... path of the node really is."""
@@ -71,8 +71,8 @@ class Node:
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
-        if self.agent_socket is not None:
-            env[SOCKET_ENV] = str(self.agent_socket)
+        if self.agent_fifo is not None:
+            env[FIFO_ENV] = str(self.agent_fifo)
         return env
 
     def files(self, host_dir: str) -> list[str]:
@@ -88,11 +88,11 @@ class Node:
         if not agentutil.agent_up():
             yield None
             return
-        sock, log = self.root / "agent.sock", self.root / "agent.log"
+        sock, log = self.root / "agent.fifo", self.root / "agent.log"
         agent = agentutil.Agent(sock, log)
         with open(log, "ab") as fh:
             agent.proc = subprocess.Popen(
-                self.command(*agentutil.command(), "--socket", str(sock), *agent.args), stdout=fh, stderr=fh,
+                self.command(*agentutil.command(), "--fifo", str(sock), *agent.args), stdout=fh, stderr=fh,
                 env={**os.environ, "PYTHONPATH": PYTHONPATH, **(env or {})}, cwd="/")
         deadline = time.monotonic() + agentutil.START_TIMEOUT
         while not agentutil.connectable(sock):
@@ -101,12 +101,12 @@ class Node:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"node agent not serving {sock} after {agentutil.START_TIMEOUT} s")
             time.sleep(0.05)
-        self.agent_socket = sock
+        self.agent_fifo = sock
         agentutil.RUNNING.add(agent)
         try:
             yield agent
         finally:
-            self.agent_socket = None
+            self.agent_fifo = None
             agent.stop()
             # the session's "the agent served requests" check (tests/conftest.py) counts these too
             session = sys.modules.get("tests.conftest")

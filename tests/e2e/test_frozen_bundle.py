@@ -70,9 +70,9 @@ def test_plugin_calls_speak_netlink_without_pyroute2(cni_bin: Path, tmp_path: Pa
 def test_agent_warms_the_vf_codec_without_pyroute2(cni_bin: Path, tmp_path: Path) -> None:
     """The agent imports every netlink module up front (cni.agent.server.warm), the SR-IOV VF codec
     included, and none of it is pyroute2."""
-    trace, sock = tmp_path / "trace", tmp_path / "run" / "agent.sock"
+    trace, sock = tmp_path / "trace", tmp_path / "run" / "agent.fifo"
     agent = subprocess.Popen(["strace", "-f", "-e", "trace=openat", "-o", str(trace),
-                              str(cni_bin / "pycni-agent"), "--socket", str(sock),
+                              str(cni_bin / "pycni-agent"), "--fifo", str(sock),
                               "--metrics=127.0.0.1:0"],  # any free port: never the node default
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

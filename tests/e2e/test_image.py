@@ -349,7 +349,7 @@ def test_agent_container_serves_a_plugin_call_made_on_the_host(images: Images, t
     pm.ok("run", "--detach", "--name", name, *opts, "--entrypoint", c["command"][0], images.v1.tag,
           *expand(c["command"][1:], c), netns=topo.host)  # host network: the test's host namespace
     try:
-        sock = host("/run/pycni") / "agent.sock"
+        sock = host("/run/pycni") / "agent.fifo"
         deadline = time.monotonic() + START_TIMEOUT
         while not agentutil.connectable(sock):
             running = pm("inspect", "--format", "{{.State.Running}}", name).stdout.strip()
@@ -363,7 +363,7 @@ def test_agent_container_serves_a_plugin_call_made_on_the_host(images: Images, t
         def call(command: str) -> subprocess.CompletedProcess[bytes]:
             env = {"CNI_COMMAND": command, "CNI_CONTAINERID": f"{RUN}-image", "CNI_NETNS": pod,
                    "CNI_IFNAME": "net1", "CNI_PATH": "/opt/cni/bin", "PATH": os.defpath,
-                   "PYCNI_AGENT_SOCKET": str(sock)}
+                   "PYCNI_AGENT_FIFO": str(sock)}
             return subprocess.run(["nsenter", f"--net=/run/netns/{topo.host}",
                                    str(images.layout / "macvlan")], input=jsonio.dumps(conf), env=env,
                                   capture_output=True, timeout=120, check=False)
@@ -382,6 +382,6 @@ def test_agent_container_serves_a_plugin_call_made_on_the_host(images: Images, t
         log = logs.stdout + logs.stderr
         assert f"(build {images.v1.build}" in log
         assert "served macvlan ADD rc=0" in log and "served macvlan DEL rc=0" in log, log
-        assert not sock.exists(), "a stopped agent removes its socket (calls then run in-process)"
+        assert not sock.exists(), "a stopped agent removes its FIFO (calls then run in-process)"
     finally:
         pm("rm", "--force", "--time", "0", name)

@@ -1,6 +1,6 @@
 """The node-local agent (cni.agent) with real namespaces: 50 concurrent ADDs into 50 namespaces, an
 agent killed mid-request, stopped with a request in flight, restarted, and refusing non-root callers.
-Each test runs its own agent on its own socket (from source, or the frozen `pycni-agent` in the frozen
+Each test runs its own agent on its own FIFO (from source, or the frozen `pycni-agent` in the frozen
 pass) and counts in the agent's log which requests it served."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from cni.agent import proto
+from cni.agent import client, proto
 from ipam.store.local import LocalStore
 from tests.agentutil import Agent
 from tests.ipamutil import write_wrappers
@@ -33,7 +32,7 @@ PODS = 50
 
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[Agent]:
-    a = Agent(tmp_path / "run" / "agent.sock", tmp_path / "agent.log").start()
+    a = Agent(tmp_path / "run" / "agent.fifo", tmp_path / "agent.log").start()
     yield a
     a.stop()
 
@@ -55,7 +54,7 @@ def conf(topo: Topology, tmp_path: Path, **extra: Any) -> dict[str, Any]:
 
 def run(topo: Topology, a: Agent, command: str, cfg: dict[str, Any], pod: str, i: int, tmp: Path) -> Call:
     return topo.run("macvlan", command, cfg, netns=pod, container_id=f"c{i}", path=cni_path(tmp),
-                    cni_args=ARGS.format(pod=f"p{i}"), env={"PYCNI_AGENT_SOCKET": str(a.sock), **PATIENT})
+                    cni_args=ARGS.format(pod=f"p{i}"), env={"PYCNI_AGENT_FIFO": str(a.fifo), **PATIENT})
 
 
 # the shims wait for the agent to take their request however loaded the machine (default 2 s, then
@@ -141,7 +140,7 @@ def test_agent_killed_mid_request_gives_code_11_and_runs_nothing_twice(
     cfg = {"cniVersion": "1.0.0", "name": "slow", "type": "macvlan", "master": topo.uplink,
            "ipam": {"type": "slowipam"}}
     pod = topo.pod()
-    env = {"PYCNI_AGENT_SOCKET": str(agent.sock)}
+    env = {"PYCNI_AGENT_FIFO": str(agent.fifo)}
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(topo.run, "macvlan", "ADD", cfg, netns=pod, path=bindir, env=env)
         pids = wait_for(marks)  # the agent is executing the ADD: the IPAM has started
@@ -151,8 +150,8 @@ def test_agent_killed_mid_request_gives_code_11_and_runs_nothing_twice(
             os.kill(int(pid), signal.SIGKILL)
     assert add.rc == 1 and add.out["code"] == 11 and add.out["cniVersion"] == "1.0.0", add
     assert marks.read_text().split() == pids and len(pids) == 1  # not executed a second time
-    # the agent is gone, its socket file stays: the DEL runs in-process and cleans up
-    assert agent.sock.exists()
+    # the agent is gone, its FIFO stays (nobody reads it): the DEL runs in-process and cleans up
+    assert agent.fifo.exists()
     host_local = {"type": "host-local", "dataDir": str(tmp_path / "hl"), "subnet": "198.51.100.0/24"}
     delete = topo.run("macvlan", "DEL", {**cfg, "ipam": host_local}, netns=pod, path="/usr/lib/cni", env=env)
     assert delete.ok, delete
@@ -166,15 +165,15 @@ def test_stopped_agent_finishes_the_request_in_flight_then_calls_run_in_process(
     pods = [topo.pod("a"), topo.pod("b")]
     slow_bindir, marks = slow_ipam(tmp_path)
     slow = {**cfg, "ipam": {"type": "slowipam"}}
-    env = {"PYCNI_AGENT_SOCKET": str(agent.sock)}
+    env = {"PYCNI_AGENT_FIFO": str(agent.fifo)}
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(topo.run, "macvlan", "ADD", slow, netns=pods[0], path=slow_bindir, env=env)
         pids = wait_for(marks)
         agent.signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
-        while agent.sock.exists() and time.monotonic() < deadline:
+        while agent.fifo.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not agent.sock.exists()  # stopping: new calls go in-process at once
+        assert not agent.fifo.exists()  # stopping: new calls go in-process at once
         during = run(topo, agent, "ADD", cfg, pods[1], 1, tmp_path)
         assert during.ok, during
         os.kill(int(pids[0]), signal.SIGKILL)  # the in-flight request ends (its IPAM failed)...
@@ -190,8 +189,8 @@ def test_stopped_agent_finishes_the_request_in_flight_then_calls_run_in_process(
 def test_a_stopped_agent_leaves_every_call_to_the_in_process_path(
     topo: Topology, agent: Agent, tmp_path: Path
 ) -> None:
-    """Issue 28: an agent frozen (SIGSTOP) while idle still has its socket, and the kernel still queues
-    connections in its backlog. ADD and DEL (macvlan with our whereabouts, local store) run in-process,
+    """Issue 28: an agent frozen (SIGSTOP) while idle still has its FIFO open, and the FIFO still takes
+    request lines. ADD and DEL (macvlan with our whereabouts, local store) run in-process,
     and each call's output ends when its plugin process does (a runtime reads it to end of file). The
     shims are PATIENT (120 s for READY): they must see that the agent is stopped, not wait for it."""
     cfg = conf(topo, tmp_path)
@@ -219,7 +218,7 @@ def test_a_stopped_agent_leaves_every_call_to_the_in_process_path(
 def test_restarted_agent_serves_again(topo: Topology, agent: Agent, tmp_path: Path) -> None:
     cfg = conf(topo, tmp_path)
     pod = topo.pod()
-    agent.signal(signal.SIGKILL)  # a stale socket file: connect is refused, the call runs in-process
+    agent.signal(signal.SIGKILL)  # a stale FIFO nobody reads: the open fails, the call runs in-process
     agent.proc.wait()  # type: ignore[union-attr]
     add = run(topo, agent, "ADD", cfg, pod, 0, tmp_path)
     assert add.ok and agent.served("macvlan ADD") == []
@@ -240,8 +239,8 @@ def test_identical_answers_with_and_without_the_agent(topo: Topology, agent: Age
     pod = topo.pod()
     bad = {**cfg, "mtu": "big"}
     outs = []
-    for sock in (str(agent.sock), str(tmp_path / "none.sock")):
-        env = {"PYCNI_AGENT_SOCKET": sock}
+    for fifo in (str(agent.fifo), str(tmp_path / "none.fifo")):
+        env = {"PYCNI_AGENT_FIFO": fifo}
         add = topo.run("macvlan", "ADD", cfg, netns=pod, container_id="same", path=cni_path(tmp_path),
                        cni_args=ARGS.format(pod="same"), env=env)
         err = topo.run("macvlan", "ADD", bad, netns=pod, path=cni_path(tmp_path), env=env)
@@ -258,10 +257,10 @@ def test_identical_answers_with_and_without_the_agent(topo: Topology, agent: Age
     assert len(agent.served("macvlan ADD")) == 3
 
 
-def test_socket_is_root_only_and_the_agent_refuses_non_root_peers() -> None:
+def test_fifo_is_root_only_and_the_agent_refuses_non_root_callers() -> None:
     where = Path(tempfile.mkdtemp(prefix="pycni-agent-"))  # under /tmp: every parent is searchable
     where.chmod(0o755)
-    agent = Agent(where / "run" / "agent.sock", where / "agent.log").start()
+    agent = Agent(where / "run" / "agent.fifo", where / "agent.log").start()
     try:
         peers(agent)
     finally:
@@ -270,20 +269,21 @@ def test_socket_is_root_only_and_the_agent_refuses_non_root_peers() -> None:
 
 
 def peers(agent: Agent) -> None:
-    assert os.stat(agent.sock).st_mode & 0o777 == 0o600
-    assert os.stat(agent.sock.parent).st_mode & 0o777 == 0o700
-    assert child_as_nobody(agent.sock) == "PermissionError"  # the file modes alone keep others out
-    os.chmod(agent.sock.parent, 0o755)  # loosen them: the agent itself must still refuse
-    os.chmod(agent.sock, 0o666)
-    assert child_as_nobody(agent.sock) == "refused: only root may use the agent"
+    assert os.stat(agent.fifo).st_mode & 0o777 == 0o600
+    assert os.stat(agent.fifo.parent).st_mode & 0o777 == 0o700
+    # the file modes alone keep others out
+    assert child_as_nobody(agent.fifo) == f"agent FIFO {agent.fifo}: Permission denied"
+    os.chmod(agent.fifo.parent, 0o755)  # loosen them: the agent itself must still refuse
+    os.chmod(agent.fifo, 0o666)
+    assert child_as_nobody(agent.fifo) == "agent refused: only root may use the agent"
     assert "refused a caller with uid 65534" in agent.log.read_text()
     assert agent.served() == []
 
 
-def child_as_nobody(sock: Path) -> str:
-    """Connect as uid 65534 in a forked child and send a request; what happened, as text."""
+def child_as_nobody(fifo: Path) -> str:
+    """Offer a request as uid 65534 in a forked child; what happened, as text."""
     r, w = os.pipe()
-    with warnings.catch_warnings():  # the child only connects and reads: no lock of another thread
+    with warnings.catch_warnings():  # the child only offers a request: no lock of another thread
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
     if pid == 0:  # child: never returns into pytest
@@ -291,7 +291,7 @@ def child_as_nobody(sock: Path) -> str:
             os.close(r)
             os.setgid(65534)
             os.setuid(65534)
-            os.write(w, _try_request(sock).encode())
+            os.write(w, _try_request(fifo).encode())
         finally:
             os._exit(0)
     os.close(w)
@@ -301,19 +301,12 @@ def child_as_nobody(sock: Path) -> str:
     return text
 
 
-def _try_request(sock: Path) -> str:
-    """Connect and wait for the agent's word before sending anything (the agent answers a peer it
-    refuses at once, without reading its request)."""
+def _try_request(fifo: Path) -> str:
+    """Offer a request as the shim does, and say what came of it."""
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(10)
-            s.connect(str(sock))
-            kind, payload = proto.Reader(s).read()
-            return f"refused: {payload.decode()}" if kind == proto.REFUSED else f"answered {kind!r}"
-    except PermissionError:
-        return "PermissionError"
-    except (OSError, proto.ProtocolError) as e:
-        return f"error: {e}"
+        return f"answered {client.exchange(str(fifo), 'macvlan', 'x', '', b'{}')}"
+    except client.Unreachable as e:
+        return str(e)
 
 
 def test_a_pod_namespace_the_agent_cannot_see_by_path_is_served_through_the_callers_descriptor(
@@ -337,7 +330,7 @@ def test_a_pod_namespace_the_agent_cannot_see_by_path_is_served_through_the_call
         env = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
         env.update(CNI_COMMAND=command, CNI_CONTAINERID="hidden", CNI_NETNS=path, CNI_IFNAME="net1",
                    CNI_PATH=cni_path(tmp_path), CNI_ARGS=ARGS.format(pod="hidden"),
-                   PYCNI_AGENT_SOCKET=str(agent.sock), PYTHONPATH=str(Path(__file__).parents[2]), **PATIENT)
+                   PYCNI_AGENT_FIFO=str(agent.fifo), PYTHONPATH=str(Path(__file__).parents[2]), **PATIENT)
         cmd = ["ip", "netns", "exec", topo.host, "unshare", "--mount", "--propagation", "private",
                "sh", "-c", enter, str(hidden), pod, *plugin_command("macvlan")]
         proc = subprocess.run(cmd, input=json.dumps(cfg).encode(), env=env, capture_output=True, check=False,

@@ -22,7 +22,7 @@ ARGS = "IgnoreUnknown=1;K8S_POD_NAMESPACE=metrics;K8S_POD_NAME=p0;K8S_POD_UID=ui
 
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[Agent]:
-    a = Agent(tmp_path / "run" / "agent.sock", tmp_path / "agent.log").start()
+    a = Agent(tmp_path / "run" / "agent.fifo", tmp_path / "agent.log").start()
     yield a
     a.stop()
 
@@ -44,7 +44,7 @@ def test_scraped_after_calls_through_the_agent(topo: Topology, agent: Agent, tmp
 
     def run(command: str, c: dict[str, object]) -> Call:
         return topo.run("macvlan", command, c, netns=pod, container_id="c0", path=cni_path(tmp_path),
-                        cni_args=ARGS, env={"PYCNI_AGENT_SOCKET": str(agent.sock)})
+                        cni_args=ARGS, env={"PYCNI_AGENT_FIFO": str(agent.fifo)})
 
     add = run("ADD", cfg)
     assert add.ok, add

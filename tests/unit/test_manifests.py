@@ -134,8 +134,8 @@ def test_daemonset_runs_the_agent_with_the_host_paths_it_serves() -> None:
     from cni.agent import client, main
 
     args = main.parse([expand(a, {"POD_IP": "198.51.100.7"}) for a in agent["command"][1:]])
-    assert args.socket == client.DEFAULT_SOCKET
-    assert os.path.dirname(args.socket) in {m["mountPath"] for m in agent["volumeMounts"]}
+    assert args.fifo == client.DEFAULT_FIFO
+    assert os.path.dirname(args.fifo) in {m["mountPath"] for m in agent["volumeMounts"]}
     assert args.grace < spec["terminationGracePeriodSeconds"]
 
 

@@ -253,7 +253,7 @@ def test_error_code_of_an_answer() -> None:
 def test_agent_counts_refused_callers(rec: Recorder, tmp_path: Path) -> None:
     import threading
 
-    agent = server.Agent(str(tmp_path / "a.sock"), "b1", allowed_uids=())
+    agent = server.Agent(str(tmp_path / "a.fifo"), "b1", allowed_uids=())
     agent.bind()
     t = threading.Thread(target=agent.serve, args=(1.0,), daemon=True)
     t.start()

@@ -132,7 +132,7 @@ def product_trees() -> list[ast.Module]:
 def test_no_environment_variable_the_product_reads_is_a_test_switch() -> None:
     names = environment_reads(product_trees())
     # the scan sees the variables it must (so an empty or broken scan cannot pass)
-    assert {"CNI_COMMAND", "PYCNI_AGENT", "PYCNI_AGENT_SOCKET", "PYCNI_SYSFS_ROOT", "KUBERNETES_SERVICE_HOST",
+    assert {"CNI_COMMAND", "PYCNI_AGENT", "PYCNI_AGENT_FIFO", "PYCNI_SYSFS_ROOT", "KUBERNETES_SERVICE_HOST",
             "NODENAME", "PYCNI_IMPORTTIME"} <= names, sorted(names)
     assert [n for n in names if n.startswith("<")] == []  # every name read is known (no computed keys)
     assert [n for n in names if "TEST" in n.upper()] == []
