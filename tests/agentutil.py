@@ -169,7 +169,10 @@ class Claimed:
         proto.send(self.pipe, kind, payload)
 
     def close(self) -> None:
-        os.close(self.pipe)
+        """Close the answer pipe (once: a script may close it before fake_agent does)."""
+        if self.pipe >= 0:
+            os.close(self.pipe)
+            self.pipe = -1
 
 
 def make_fifo(path: Path) -> int:

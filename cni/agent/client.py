@@ -145,6 +145,11 @@ def exchange(path: str, plugin: str, build: str, bundle: str, stdin: bytes) -> t
             os.close(fd)
 
 
+def readable(fd: int, timeout: float) -> bool:
+    """Whether `fd` has something to read (or its end of file) within `timeout` seconds."""
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
 def _withdraw(w: int, opened: list[int]) -> None:
     os.close(w)
     opened.remove(w)
@@ -154,7 +159,7 @@ def _first(reader: proto.Reader, r: int, w: int, opened: list[int], timeout: flo
     """The agent's first frame (READY or REFUSED). Not in `timeout` seconds: withdraw the request (close
     `w`); then end of file says no agent claimed it, or ever will (Unreachable), and a frame that one
     did meanwhile."""
-    if not select.select([r], [], [], timeout)[0]:
+    if not readable(r, timeout):
         _withdraw(w, opened)
     try:
         return reader.expect(proto.READY, proto.REFUSED)

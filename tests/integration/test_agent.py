@@ -240,7 +240,7 @@ def test_identical_answers_with_and_without_the_agent(topo: Topology, agent: Age
     bad = {**cfg, "mtu": "big"}
     outs = []
     for fifo in (str(agent.fifo), str(tmp_path / "none.fifo")):
-        env = {"PYCNI_AGENT_FIFO": fifo}
+        env = {"PYCNI_AGENT_FIFO": fifo, **PATIENT}
         add = topo.run("macvlan", "ADD", cfg, netns=pod, container_id="same", path=cni_path(tmp_path),
                        cni_args=ARGS.format(pod="same"), env=env)
         err = topo.run("macvlan", "ADD", bad, netns=pod, path=cni_path(tmp_path), env=env)
@@ -302,7 +302,9 @@ def child_as_nobody(fifo: Path) -> str:
 
 
 def _try_request(fifo: Path) -> str:
-    """Offer a request as the shim does, and say what came of it."""
+    """Offer a request as the shim does (as patient as PATIENT: the agent's word, not a timeout, is
+    what this reports), and say what came of it."""
+    os.environ.update(PATIENT)  # a forked child's own environment
     try:
         return f"answered {client.exchange(str(fifo), 'macvlan', 'x', '', b'{}')}"
     except client.Unreachable as e:

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.agentutil import Agent
-from tests.integration.test_agent import cni_path, conf
+from tests.integration.test_agent import PATIENT, cni_path, conf
 from tests.nsutil import Call, Topology
 
 ARGS = "IgnoreUnknown=1;K8S_POD_NAMESPACE=metrics;K8S_POD_NAME=p0;K8S_POD_UID=uid-p0"
@@ -44,7 +44,7 @@ def test_scraped_after_calls_through_the_agent(topo: Topology, agent: Agent, tmp
 
     def run(command: str, c: dict[str, object]) -> Call:
         return topo.run("macvlan", command, c, netns=pod, container_id="c0", path=cni_path(tmp_path),
-                        cni_args=ARGS, env={"PYCNI_AGENT_FIFO": str(agent.fifo)})
+                        cni_args=ARGS, env={"PYCNI_AGENT_FIFO": str(agent.fifo), **PATIENT})
 
     add = run("ADD", cfg)
     assert add.ok, add

@@ -8,7 +8,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -102,6 +102,13 @@ def test_fields() -> None:
 # ---- the shim against a scripted agent ---------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def patient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shim waits for a scripted agent's word however loaded the machine (tests that are about the
+    timeout set their own)."""
+    monkeypatch.setenv(client.TIMEOUT_ENV, "120")
+
+
 def call(path: Path) -> tuple[int, bytes]:
     return client.exchange(str(path), "macvlan", "source", "", b'{"cniVersion": "0.4.0"}')
 
@@ -137,9 +144,22 @@ def test_answer(tmp_path: Path) -> None:
     t.join()
 
 
+def time_up_after(event: threading.Event) -> Callable[[int, float], bool]:
+    """The shim's wait for the agent's first word, as a clock the test controls: its time is up once
+    `event` is set (never before), whatever the machine's load."""
+
+    def readable(fd: int, timeout: float) -> bool:
+        assert event.wait(60)
+        return False
+
+    return readable
+
+
 @pytest.mark.parametrize("when", ["refused", "closed-before-ready", "refused-after-ready"])
 def test_not_taken_means_run_in_process(tmp_path: Path, when: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(client.TIMEOUT_ENV, "0.2")  # closed-before-ready: the shim withdraws, then sees EOF
+    done = threading.Event()
+    if when == "closed-before-ready":  # no word: the shim's time runs out once the agent closed its end
+        monkeypatch.setattr(client, "readable", time_up_after(done))
 
     def script(c: Claimed) -> None:
         if when == "refused":
@@ -147,9 +167,13 @@ def test_not_taken_means_run_in_process(tmp_path: Path, when: str, monkeypatch: 
         elif when == "refused-after-ready":
             c.send(proto.READY)
             c.send(proto.REFUSED, b"cannot enter the caller's context")
+        c.close()
+        done.set()
 
     t = fake_agent(tmp_path / "a.fifo", script)
-    with pytest.raises(client.Unreachable):
+    said = {"refused": "agent refused: busy", "closed-before-ready": "no agent took the request in time",
+            "refused-after-ready": "agent refused: cannot enter the caller's context"}
+    with pytest.raises(client.Unreachable, match=said[when]):
         call(tmp_path / "a.fifo")
     t.join()
 
@@ -193,9 +217,11 @@ def test_a_request_claimed_while_the_shim_withdraws_is_answered_not_run_twice(
     up: the shim withdraws its own end, and since the agent still holds one, waits for its word."""
     from cni.agent import server
 
-    monkeypatch.setenv(client.TIMEOUT_ENV, "0.2")
+    claimed = threading.Event()
+    monkeypatch.setattr(client, "readable", time_up_after(claimed))
 
     def script(c: Claimed) -> None:
+        claimed.set()  # the shim's time is up now, not before
         assert until(lambda: not server.same_pipe(c.pid, c.w, c.inode))  # the shim withdrew
         c.send(proto.READY)
         c.send(proto.ANSWER, b"0\0late but once\n")

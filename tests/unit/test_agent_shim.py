@@ -27,7 +27,8 @@ CONF = {"cniVersion": "0.4.0", "name": "n", "type": "macvlan", "master": "none",
 
 def shim(fifo: Path, env: dict[str, str], *opts: str) -> subprocess.CompletedProcess[bytes]:
     full = {k: v for k, v in os.environ.items() if not k.startswith(("CNI_", "PYCNI_AGENT"))}
-    full |= {"PYCNI_AGENT_FIFO": str(fifo), "PYTHONPATH": str(REPO), **env}
+    # patient for the scripted agent's word (a loaded machine), unless the test says otherwise
+    full |= {"PYCNI_AGENT_FIFO": str(fifo), "PYTHONPATH": str(REPO), "PYCNI_AGENT_TIMEOUT": "120", **env}
     return subprocess.run([sys.executable, *opts, "-m", "cni", "macvlan"], input=jsonio.dumps(CONF),
                           env=full, capture_output=True, timeout=60, check=False)
 
