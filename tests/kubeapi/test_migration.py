@@ -88,6 +88,7 @@ class Att:
     ifname: str
     cid: str
     ips: list[str] = field(default_factory=list)
+    by: str = ""  # the implementation whose ADD made it ("ours", "upstream")
 
     def ref(self, namespace: str) -> str:
         return f"{namespace}/{self.pod.name}"
@@ -172,7 +173,7 @@ class Run:
         got = [ip["address"].split("/")[0] for ip in out["ips"]]
         if len(got) != len(att.net.ranges):
             self.fail(f"{side.name} ADD gave {got} for {att.net.name}")
-        att.ips = got
+        att.ips, att.by = got, side.name
         self.history[-1] += f" -> {got}"
 
     def delete(self, att: Att, side: Implementation, cid: str | None = None) -> None:
@@ -293,18 +294,52 @@ class Run:
             self.fail(f"reconcile failed ({rc}): {out.getvalue()}")
 
     def await_cleanup(self) -> None:
-        """Pods deleted without DEL: wait (bounded) until whoever cleans up has freed their addresses."""
-        end = time.monotonic() + CLEANUP_DEADLINE
+        """Pods deleted without DEL: wait (bounded) until whoever cleans up has freed their addresses.
+
+        Upstream's ip-control-loop drops a cleanup now and then on a loaded machine and retries it only
+        with its daily cron reconciler (seen in CI: its Lease lost mid-cleanup, one range of a dual-stack
+        pod freed, the other's entry and reservation kept). Whether it keeps pace is not this test's to
+        count on: what it leaves of attachments upstream made, pycni's reconciler frees, as an operator
+        of a mixed cluster would run it (noted in the steps). What our own cleanup (GC, DEL, the
+        reconciler) leaves is never excused."""
+        problems = self.cleaned(CLEANUP_DEADLINE)
+        if not problems:
+            return
+        ours = self.leftovers([a for a in self.pending if a.by != "upstream"])
+        if ours:
+            self.fail(f"not cleaned up within {CLEANUP_DEADLINE}s: {ours[:6]}; {problems[:6]}")
+        self.note(f"upstream's ip-control-loop left {problems[:6]}: reconcile")
+        self.reconcile()
+        problems = self.cleaned(CLEANUP_DEADLINE)
+        if problems:
+            self.fail(f"not cleaned up within {CLEANUP_DEADLINE}s, nor by the reconciler: {problems[:6]}")
+
+    def cleaned(self, deadline: float) -> list[str]:
+        """[] once nothing of the pending attachments is left (within `deadline` seconds), else what is."""
+        end = time.monotonic() + deadline
         while True:
             problems = self.problems(pending_ok=False)
             if not problems:
                 self.pending.clear()
-                return
+                return []
             if time.monotonic() > end:
-                self.fail(f"not cleaned up within {CLEANUP_DEADLINE}s: {problems[:6]}")
+                return problems
             if not self.loop.alive():
                 self.fail("ip-control-loop exited")
             time.sleep(0.1)
+
+    def leftovers(self, atts: list[Att]) -> list[str]:
+        """The pool entries and reservations `atts` still hold (their container ID on them)."""
+        pools, reservations = self.tenant.pools(), self.tenant.reservations()
+        left = []
+        for att in atts:
+            for pool, key, ip in att.places():
+                if pools.get(pool, {}).get(key, {}).get("id") == att.cid:
+                    left.append(f"{pool}[{key}] of {att.pod.name}/{att.ifname} ({att.by})")
+                name = reservation_name(ip, att.net.network_name)
+                if att.net.overlapping and reservations.get(name, {}).get("containerid") == att.cid:
+                    left.append(f"reservation {name} of {att.pod.name}/{att.ifname} ({att.by})")
+        return left
 
     # ---- invariants -----------------------------------------------------------------------------
 
