@@ -86,7 +86,7 @@ e2e: deps venv driver
 # once in-process (no agent) and once through the frozen node-local agent (PYCNI_TEST_AGENT=1). The frozen
 # passes leave to the first what runs no frozen entry or only repeats a scenario at an older cniVersion
 # (tests/conftest.py frozen_selection; they print how many).
-# The passes run as six pytest sessions, PYCNI_TEST_JOBS (default 3) at a time (tests/passes.py).
+# The passes run as seven pytest sessions, PYCNI_TEST_JOBS (default 3) at a time (tests/passes.py).
 test: deps venv driver lint bundle
 	$(PY) -m tests.passes $(CURDIR)/dist/cni-bin
 
