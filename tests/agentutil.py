@@ -151,14 +151,17 @@ def agent_up() -> bool:
 
 
 class Claimed:
-    """One request taken from a scripted agent's FIFO, claimed as the agent claims it: its answer pipe
-    opened through /proc, its request read from the caller's memfd."""
+    """One request taken from a scripted agent's FIFO, claimed as the agent claims it
+    (cni.agent.server.claim_request), with its three frames read from the caller's memfd."""
 
     def __init__(self, line: bytes) -> None:
-        self.pid, self.w, self.inode, self.memfd, self.podns = proto.parse_line(line)
-        self.pipe = os.open(f"/proc/{self.pid}/fd/{self.w}", os.O_WRONLY)
-        assert os.fstat(self.pipe).st_ino == self.inode
-        fd = os.open(f"/proc/{self.pid}/fd/{self.memfd}", os.O_RDONLY)
+        from cni.agent.server import claim_request
+
+        claim = claim_request(line)
+        assert claim is not None, "the shim withdrew its request before the scripted agent took it"
+        self.pipe, self.pid, self.w, self.inode, self.podns = (claim.pipe, claim.pid, claim.w, claim.inode,
+                                                               claim.podns)
+        fd = os.open(f"/proc/{self.pid}/fd/{claim.memfd}", os.O_RDONLY)
         try:
             r = proto.Reader(fd)
             self.frames = [r.read() for _ in range(3)]

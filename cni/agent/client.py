@@ -139,7 +139,7 @@ def exchange(path: str, plugin: str, build: str, bundle: str, stdin: bytes) -> t
         kind, payload = _first(reader, r, w, opened, ready_timeout(os.environ))
         if kind == proto.REFUSED:
             raise Unreachable(f"agent refused: {payload.decode(errors='replace')}")
-        return _answer(reader, r, w, opened)
+        return _answer(reader, w, opened)
     finally:
         for fd in opened:
             os.close(fd)
@@ -169,7 +169,7 @@ def _first(reader: proto.Reader, r: int, w: int, opened: list[int], timeout: flo
         raise Unreachable(f"agent: {e}") from None
 
 
-def _answer(reader: proto.Reader, r: int, w: int, opened: list[int]) -> tuple[int, bytes]:
+def _answer(reader: proto.Reader, w: int, opened: list[int]) -> tuple[int, bytes]:
     if w in opened:
         _withdraw(w, opened)  # from now on the end of file comes when the agent is done with the pipe
     try:

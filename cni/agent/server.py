@@ -9,9 +9,10 @@ cwd and umask (after unshare(CLONE_FS), which gives the thread its own), and its
 /proc/<pid>/fd/2; cni.log writes there for this thread's context only). The thread ends with the
 request, so no namespace or directory change outlives it.
 
-Security: the FIFO is 0600 in a 0700 directory and every caller is checked (the owner of /proc/<pid>:
-root only): a request names namespaces and files the agent acts on as root. The agent reaches its
-callers' descriptors through /proc, so it runs in the host's pid namespace (the DaemonSet's hostPID)."""
+Security: the FIFO is 0600 in a 0700 directory and every caller is checked (its uid in
+/proc/<pid>/status: root only): a request names namespaces and files the agent acts on as root. The
+agent reaches its callers' descriptors through /proc, so it runs in the host's pid namespace (the
+DaemonSet's hostPID)."""
 
 from __future__ import annotations
 
@@ -91,41 +92,58 @@ def caller_fds(pid: int, podns: int) -> list[int]:
     return fds
 
 
+def _the_pipe(st: os.stat_result, inode: int) -> bool:
+    return st.st_ino == inode and stat.S_ISFIFO(st.st_mode)
+
+
 def same_pipe(pid: int, w: int, inode: int) -> bool:
     """Whether descriptor `w` of process `pid` is (still) the pipe `inode`: the caller that wrote the
     request line is alive, so everything opened through /proc/<pid> before this check was its own."""
     try:
-        st = os.stat(f"/proc/{pid}/fd/{w}")
+        return _the_pipe(os.stat(f"/proc/{pid}/fd/{w}"), inode)
     except OSError:
         return False
-    return st.st_ino == inode and stat.S_ISFIFO(st.st_mode)
 
 
-def claim_request(line: bytes) -> tuple[int, int, int, int, int, int] | None:
-    """Take the request of a line from the FIFO: (its answer pipe, opened here, pid, w, inode, memfd,
-    pod netns fd), or None: not a request line, or its shim withdrew it or is gone (its pipe is no
-    longer at /proc/<pid>/fd/<w>), so that nobody may ever execute it."""
+@dataclass
+class Claim:
+    """A request taken from the FIFO: its caller's answer pipe opened here, and what its line named."""
+
+    pipe: int
+    pid: int
+    w: int
+    inode: int
+    memfd: int
+    podns: int  # the caller's descriptor of CNI_NETNS, or -1
+
+    def caller_there(self) -> bool:
+        return same_pipe(self.pid, self.w, self.inode)
+
+
+def claim_request(line: bytes) -> Claim | None:
+    """Take the request of a line from the FIFO, or None: not a request line, or its shim withdrew it or
+    is gone (its pipe is no longer at /proc/<pid>/fd/<w>), so that nobody may ever execute it."""
     try:
         pid, w, inode, memfd, podns = proto.parse_line(line)
     except proto.ProtocolError as e:
         say(str(e))
         return None
+    gone = f"request of pid {pid} withdrawn, or its caller gone"
     # looked at before it is opened: opening whatever another process holds there could act on it
     if not same_pipe(pid, w, inode):
-        say(f"request of pid {pid} withdrawn, or its caller gone")
+        say(gone)
         return None
     try:  # not blocking: a FIFO with no reader would hold this thread
         pipe = os.open(f"/proc/{pid}/fd/{w}", os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
-        say(f"request of pid {pid} withdrawn, or its caller gone: {e.strerror or e}")
+        say(f"{gone}: {e.strerror or e}")
         return None
-    st = os.fstat(pipe)
-    if st.st_ino != inode or not stat.S_ISFIFO(st.st_mode):
+    if not _the_pipe(os.fstat(pipe), inode):  # it changed between the look and the open
         os.close(pipe)
-        say(f"request of pid {pid} withdrawn, or its caller gone")
+        say(gone)
         return None
     os.set_blocking(pipe, True)
-    return pipe, pid, w, inode, memfd, podns
+    return Claim(pipe, pid, w, inode, memfd, podns)
 
 
 def caller_uid(pid: int) -> int:
@@ -308,64 +326,64 @@ class Agent:
         claim = claim_request(line)
         if claim is not None:
             with contextlib.suppress(OSError):
-                self._refuse(claim[0], "stopping", "the agent is stopping")
-            os.close(claim[0])
+                self._refuse(claim.pipe, "stopping", "the agent is stopping")
+            os.close(claim.pipe)
 
     def _request(self, line: bytes) -> None:
         claim = claim_request(line)
         try:
             if claim is not None:
-                self._exchange(*claim)
+                self._exchange(claim)
         except (OSError, proto.ProtocolError) as e:
             say(f"request dropped: {e}")
         finally:
             if claim is not None:
-                os.close(claim[0])
+                os.close(claim.pipe)
             with self.lock:
                 self.threads.discard(threading.current_thread())
 
-    def _exchange(self, pipe: int, pid: int, w: int, inode: int, memfd: int, podns: int) -> None:
-        uid = caller_uid(pid)
+    def _exchange(self, claim: Claim) -> None:
+        uid = caller_uid(claim.pid)
         if uid not in self.allowed_uids:
             say(f"refused a caller with uid {uid}")
-            self._refuse(pipe, "uid", "only root may use the agent")
+            self._refuse(claim.pipe, "uid", "only root may use the agent")
             return
         try:
-            job = request_of(pid, memfd)
+            job = request_of(claim.pid, claim.memfd)
         except proto.ProtocolError as e:  # another protocol version, say: the shim runs it in-process
-            self._refuse(pipe, "protocol", f"malformed request: {e}")
+            self._refuse(claim.pipe, "protocol", f"malformed request: {e}")
             return
         refusal = self._admit(job)
         if refusal is not None:
-            self._refuse(pipe, *refusal)
+            self._refuse(claim.pipe, *refusal)
             return
         try:
-            self._run(pipe, job, pid, (w, inode), podns)
+            self._run(claim, job)
         finally:
             with self.lock:
                 self.inflight -= 1
                 metrics.sink().inflight(self.inflight)
 
-    def _run(self, pipe: int, job: Job, pid: int, answer: tuple[int, int], podns: int) -> None:
+    def _run(self, claim: Claim, job: Job) -> None:
         try:
-            job.fds = caller_fds(pid, podns)
+            job.fds = caller_fds(claim.pid, claim.podns)
         except OSError as e:  # nothing executed yet: the shim runs it in-process
-            self._refuse(pipe, "context", f"cannot open the caller's context: {e.strerror or e}")
+            self._refuse(claim.pipe, "context", f"cannot open the caller's context: {e.strerror or e}")
             return
         try:
-            if not same_pipe(pid, *answer):
-                say(f"request of pid {pid}: its caller went away")
+            if not claim.caller_there():
+                say(f"request of pid {claim.pid}: its caller went away")
                 return
-            proto.send(pipe, proto.READY)
+            proto.send(claim.pipe, proto.READY)
             try:
                 enter_caller(job)
             except OSError as e:  # nothing executed yet: the shim runs it in-process
-                self._refuse(pipe, "context", f"cannot enter the caller's context: {e.strerror}")
+                self._refuse(claim.pipe, "context", f"cannot enter the caller's context: {e.strerror}")
                 return
             started = time.monotonic()
             rc, out = execute(job)
             command = job.env.get("CNI_COMMAND", "")
-            proto.send(pipe, proto.ANSWER, str(rc).encode() + b"\0" + out)
+            proto.send(claim.pipe, proto.ANSWER, str(rc).encode() + b"\0" + out)
             took = time.monotonic() - started
             with self.lock:
                 self.served += 1

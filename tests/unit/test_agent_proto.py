@@ -340,14 +340,8 @@ def test_requests_still_in_the_fifo_when_the_agent_stops_are_refused_at_once(tmp
 
     t = threading.Thread(target=shim)
     t.start()
-    assert until(lambda: _fifo_has_data(agent.fifo))  # the shim wrote its request line
+    assert until(lambda: client.readable(agent.fifo, 0))  # the shim wrote its request line
     agent.close()
     t.join(30)
     assert [str(e) for e in result] == ["agent refused: the agent is stopping"]
     assert not os.path.exists(agent.path)
-
-
-def _fifo_has_data(fd: int) -> bool:
-    import select
-
-    return bool(select.select([fd], [], [], 0)[0])
