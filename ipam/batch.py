@@ -23,7 +23,8 @@ import _thread  # threading.Lock is _thread.allocate_lock; importing threading w
 import time
 from collections.abc import Callable, Hashable, Sequence
 
-from cni import log, metrics
+from cni import faults, log, metrics
+from cni.errors import CniError, TryAgainError
 from cni.types.valueclass import field, valueclass
 from ipam.decide import Changes
 from ipam.model import Allocation
@@ -65,6 +66,15 @@ class IllegalTransition(RuntimeError):
     """An op moved between states TRANSITIONS does not connect: a bug in the batch's executor."""
 
 
+class Unanswered(TryAgainError):
+    """A caller of a deferring combiner waited its whole budget: code 11. `held`: an op of the call is
+    still in a batch under way, which owns it (and its claims) until that batch ends."""
+
+    def __init__(self, msg: str, held: bool) -> None:
+        super().__init__(msg)
+        self.held = held
+
+
 @valueclass(frozen=False)
 class Claims:
     blocked: set[int] = field(default_factory=set)
@@ -94,6 +104,7 @@ class Op:
     error: BaseException | None = None  # set with FAILED (Op.to), cleared when taken back
     state: str = "pending"  # PENDING ... FAILED: changed by `to` alone
     told: bool = False  # its caller was answered before its write (entered ANSWERED once; set by `to`)
+    counted: bool = False  # told, and in the gauge of answered calls not yet written (_unwritten)
 
     @property
     def done(self) -> bool:
@@ -157,12 +168,12 @@ class Combiner:
         with self._queue_lock:
             return len(self._queue)
 
-    def run(self, ops: Sequence[Op], execute: Callable[[list[Op]], None]) -> None:
+    def run(self, ops: Sequence[Op], execute: Callable[[list[Op]], None], wait: float = 300.0) -> None:
         """Queue `ops`, then run batches until they are done (answered, when deferring). `execute` must
         leave every op of its batch done or raise; a raised error becomes the error of every op of the
-        batch not yet done."""
+        batch not yet done. Deferring, a caller waits at most `wait` seconds (then Unanswered)."""
         if self.defer:
-            return self._run_deferred(ops, execute)
+            return self._run_deferred(ops, execute, wait)
         with self._queue_lock:
             self._queue.extend(ops)
         while not all(op.done for op in ops):
@@ -203,58 +214,110 @@ class Combiner:
 
     # ---- deferred writes (the agent) --------------------------------------------------------------
 
-    def _run_deferred(self, ops: Sequence[Op], execute: Callable[[list[Op]], None]) -> None:
+    def _run_deferred(self, ops: Sequence[Op], execute: Callable[[list[Op]], None], wait: float) -> None:
         cv = self._cv
+        deadline = time.monotonic() + wait
         with cv:
             self._queue.extend(ops)
             self._execute_fn = execute  # the latest caller's: any will do, each opens its own handle
             if not self._running:
-                import threading  # (imported by __init__ already: deferring)
-
-                self._running = True
-                threading.Thread(target=self._batches, name="pool-batch", daemon=True).start()
+                self._start()
             cv.notify_all()  # a running batch may take them (more)
             while not all(op.done or op.told for op in ops):
-                cv.wait()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._give_up(ops, wait)
+                cv.wait(left)
+
+    def _start(self) -> None:
+        """A batch thread (under the condition's lock, no thread running)."""
+        import threading  # (imported by __init__ already: deferring)
+
+        self._running = True
+        threading.Thread(target=self._batches, name="pool-batch", daemon=True).start()
+
+    def _give_up(self, ops: Sequence[Op], wait: float) -> None:
+        """A caller waited `wait` seconds (under the condition's lock): its ops still queued are withdrawn
+        and it gets code 11; an op a batch holds stays that batch's (Unanswered says so)."""
+        queued = [op for op in self._queue if any(op is o for o in ops)]
+        self._queue = [op for op in self._queue if not any(op is o for o in ops)]
+        taken = len([op for op in ops if not (op.done or op.told)]) - len(queued)
+        raise Unanswered(f"the pool's batch did not answer within {wait:g}s", held=taken > 0)
 
     def _batches(self) -> None:
-        """The combiner's batch thread: batches until the queue is empty, at home (`share`)."""
+        """The combiner's batch thread: batches until the queue is empty, at home (`share`). Whatever
+        goes wrong in it, the thread ends with `_running` cleared and what it held failed with the
+        error (never a caller waiting for a thread that is gone); ops still queued get a new thread."""
         cv = self._cv
+        held: list[Op] = []
         try:
             enter_home()
         except OSError as e:  # nothing run yet: every queued op fails with it, said in the log
             log.error("pool batch: cannot enter the agent's namespace and directory: %s", e.strerror)
             with cv:
-                for op in self._queue:
-                    op.to(FAILED, e)
-                self._queue = []
-                self._running = False
-                cv.notify_all()
+                held, self._queue = self._queue, []
+            self._end(held, e, restart=False)
             return
-        while True:
-            with cv:
-                if not self._queue:
-                    self._running = False
+        try:
+            while True:
+                with cv:
+                    if not self._queue:
+                        self._running = False
+                        cv.notify_all()
+                        return
+                    execute = self._execute_fn
+                    # no pacing: the window (defer) already spaces the writes, and calls that arrive while
+                    # no window is open (a write or a wait in progress) would only wait longer
+                    held, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                faults.point("batch-take")
+                if execute is not None:
+                    self._one(held, execute)
+                held = []
+                with cv:
+                    self._finished += 1
                     cv.notify_all()
-                    return
-                execute = self._execute_fn
-            # no pacing: the window (defer) already spaces the writes, and calls that arrive while no
-            # window is open (a write or a wait in progress) would only wait longer for their answer
-            with cv:
-                batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
-            if batch and execute is not None:
-                owed: list[Op] = []
+        except BaseException as e:  # a bug in the bookkeeping: logged once, with its traceback
+            log.error("pool batch failed: %r\n%s", e, log.traceback_text())
+            self._end(held, e, restart=True)
+
+    def _one(self, held: list[Op], execute: Callable[[list[Op]], None]) -> None:
+        """One batch on the batch thread; `held` grows by the arrivals it answered (all written or
+        failed when it returns)."""
+        try:
+            self._execute(held, (), execute)
+        finally:
+            faults.point("batch-owed")
+            owed = _owed(held)
+            if owed:
+                with self._cv:
+                    self._queue[:0] = owed
+            faults.point("batch-unwritten")
+            _uncount(held)
+
+    def _end(self, held: list[Op], error: BaseException, restart: bool) -> None:
+        """The batch thread is ending on `error`: the ops it held fail with it (code 11 unless it is a
+        CNI error of its own), `_running` is cleared and the waiting callers woken; with `restart`, ops
+        still queued get a new batch thread."""
+        cause = error if isinstance(error, CniError) else TryAgainError(f"pool batch failed: {error!r}")
+        with self._cv:
+            try:
+                for op in held:
+                    if op.done:
+                        continue
+                    if op.told:  # its caller has its answer: what is left undone is said in the log
+                        log.warning("%s %s: the pool write after its answer failed: %s",
+                                    op.owner.container_id, op.owner.ifname, cause)  # fmt: skip
+                    op.to(FAILED, cause)
                 try:
-                    self._execute(batch, (), execute)
-                finally:  # `batch` grew by the arrivals it answered: all written (or failed) now
-                    owed = _owed(batch)
-                    _unwritten(-sum(op.told and op not in owed for op in batch))
-                if owed:
-                    with cv:
-                        self._queue[:0] = owed
-            with cv:
+                    _uncount(held)  # (the count is kept before the metric is reported)
+                except Exception as e:
+                    log.error("pool batch: the unwritten-calls gauge: %r", e)
+            finally:
+                self._running = False
                 self._finished += 1
-                cv.notify_all()
+                if restart and self._queue:
+                    self._start()
+                self._cv.notify_all()
 
     def wrote(self, seconds: float) -> None:
         """The batch's thread: its pool write took `seconds` (the next window is sized by it)."""
@@ -290,7 +353,9 @@ class Combiner:
         with self._cv:
             for op in ops:
                 if op.state == DECIDED:
-                    fresh += not op.told
+                    if not op.told:
+                        op.counted = True
+                        fresh += 1
                     op.to(ANSWERED)
             self._cv.notify_all()
         _unwritten(fresh)
@@ -439,6 +504,17 @@ def settle_all(timeout: float = 30.0, close: bool = False) -> bool:
     for c in combiners if close else ():
         c.close()
     return all(c.settle(max(0.0, deadline - time.monotonic()), drain=True) for c in combiners)
+
+
+def _uncount(ops: Sequence[Op]) -> None:
+    """Answered ops now final (written, or failed for good) out of the gauge of unwritten answers, once
+    each; an op taken back for a rewrite (_owed) stays in it."""
+    n = 0
+    for op in ops:
+        if op.counted and op.done:
+            op.counted = False
+            n += 1
+    _unwritten(-n)
 
 
 def _unwritten(change: int) -> None:

@@ -141,6 +141,10 @@ class Engine:
             offset = op.offsets[0]
             keep = self.reservation_name(rng, offset) if self.conf.overlapping else ""
             return offset
+        except batch.Unanswered as e:
+            if e.held:  # a batch under way still holds the op: its claims are that batch's
+                op = Op("add", rng, owner, self.conf.overlapping)
+            raise
         finally:
             self.reservations.drop(op.claims, keep, owner)
 

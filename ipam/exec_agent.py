@@ -35,7 +35,9 @@ def run(engine: Engine, ops: list[Op]) -> None:
     def here(group: list[Op]) -> None:  # `group` grows by the ops a deferred batch takes
         _batch(engine, name, group, comb)
 
-    comb.run(ops, _deferred(engine, name, comb) if comb.defer else here)
+    # a deferred call waits for a batch under way and its own, each bounded by the retry limit
+    wait = 2 * engine.retry.limit + batch.DEFER_MAX
+    comb.run(ops, _deferred(engine, name, comb) if comb.defer else here, wait)
 
 
 def settle(engine: Engine, rng: IPRange) -> None:
