@@ -37,7 +37,7 @@ from cni.registry import PLUGINS, TOOLS
 
 REPO = Path(__file__).resolve().parent.parent
 BUNDLE = "pycni"
-BUILD_ID_FILE = "pycni-build-id"  # == cni.__main__.BUILD_FILE, inside the bundle's _internal/
+BUILD_ID_FILE = "pycni-build-id"  # == cni.buildid.BUILD_FILE, inside the bundle's _internal/
 INPUTS_SUFFIX = ".inputs"  # DIR/cni-bin.inputs: the input digest of the bundle in DIR/cni-bin
 # What the bundle is made from besides the interpreter and the installed distributions.
 SOURCE_DIRS = ("cni", "ipam", "bundler")

@@ -7,12 +7,11 @@ import io
 import os
 import sys
 
+from cni.buildid import build_id
+
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the shim path does not import typing
 if TYPE_CHECKING:
     from typing import IO, Any
-
-BUILD_FILE = "pycni-build-id"
-
 
 class _Ran:
     plugin_call = False  # main() ran a plugin call (CNI_COMMAND set, not a tool): see run()
@@ -25,18 +24,6 @@ def _tool(name: str, argv: list[str]) -> int:
 
     module: Any = importlib.import_module(TOOLS[name])
     return int(module.main(argv))
-
-
-def build_id() -> str:
-    """The bundle's build id (written into the frozen bundle by bundler.build), or 'source'."""
-    home = getattr(sys, "_MEIPASS", None)
-    if not home:
-        return "source"
-    try:
-        with open(os.path.join(home, BUILD_FILE), encoding="utf-8") as fh:
-            return fh.read().strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

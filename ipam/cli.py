@@ -74,7 +74,7 @@ def serve_metrics(where: tuple[str, int] | None) -> None:
     fatal: freeing addresses is what the reconciler is for."""
     if where is None:
         return
-    from cni.__main__ import build_id
+    from cni.buildid import build_id
     from cni.exporter import RECONCILER, install, url
 
     exporter = install(RECONCILER, build_id())

@@ -82,7 +82,7 @@ def holder(fd: int) -> int:
 
 def _check_holder(fd: int) -> None:
     """Raise _Stopped when the lock's holder is a stopped process."""
-    from cni.agent.proto import stopped  # on contention only: the shim's module, stdlib only
+    from cni.procs import stopped  # on contention only
 
     pid = holder(fd)
     if stopped(pid):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import select
 
+from cni import procs
 from cni.agent import proto
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every shim call
@@ -66,7 +67,7 @@ def _open_fifo(path: str) -> int:
         pid, pidns = _agent(path)
         if pidns and pidns != os.stat("/proc/self/ns/pid").st_ino:  # it could not find us by our pid
             raise Unreachable(f"agent FIFO {path}: the agent (pid {pid}) is in another pid namespace")
-        if proto.stopped(pid):  # it would never say READY: do not wait for it
+        if procs.stopped(pid):  # it would never say READY: do not wait for it
             raise Unreachable(f"agent FIFO {path}: the agent (pid {pid}) is stopped")
     except BaseException:
         os.close(fd)

@@ -104,8 +104,8 @@ def serve_metrics(where: tuple[str, int] | None, build: str, every: float = BIND
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
-    from cni.__main__ import build_id
     from cni.agent.server import Agent, say, warm
+    from cni.buildid import build_id
     from cni.registry import LAZY_MODULES
     from ipam.store.handles import keep_warm
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cni import procs
 from cni.agent import client, proto
 from tests.agentutil import Claimed, fake_agent, listener, make_fifo, read_line
 from tests.unit.helpers import until
@@ -264,9 +265,9 @@ def test_a_stopped_agent_is_not_waited_for(tmp_path: Path, monkeypatch: pytest.M
     fifo = tmp_path / "a.fifo"
     agent = listener(fifo)
     try:
-        assert not proto.stopped(agent.pid)
+        assert not procs.stopped(agent.pid)
         agent.send_signal(signal.SIGSTOP)
-        assert until(lambda: proto.stopped(agent.pid))
+        assert until(lambda: procs.stopped(agent.pid))
         monkeypatch.setenv(client.TIMEOUT_ENV, "300")
         with pytest.raises(client.Unreachable, match=f"the agent \\(pid {agent.pid}\\) is stopped"):
             call(fifo)

@@ -17,7 +17,8 @@ from tests.agentutil import Claimed, fake_agent, listener
 from tests.nsutil import REPO
 from tests.unit.test_import_cost import modules
 
-SHIM_MODULES = {"cni", "cni.registry", "cni.agent", "cni.agent.client", "cni.agent.proto"}
+SHIM_MODULES = {"cni", "cni.buildid", "cni.procs", "cni.registry", "cni.agent", "cni.agent.client",
+                "cni.agent.proto"}
 SLOW_STDLIB = ("typing", "socket", "selectors", "array", "collections", "enum", "contextlib", "dataclasses",
                "subprocess", "logging", "json", "stat")
 ADD = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/run/netns/none", "CNI_IFNAME": "net1",
