@@ -480,6 +480,7 @@ class PhaseReport:
     cpu_split: dict[str, float] = field(default_factory=dict)
     left: int | None = None  # DEL: pool entries and reservations left once the objects settled
     agent_ms: tuple[float, float] | None = None  # pycni+agent: p50/p99 of the calls as the agents timed them
+    run: int = 0  # which run of --repeat: compared against that run's upstream
 
 
 Measured = tuple[dict[tuple[str, str, str], float], float, dict[tuple[str, str], float], dict[str, float]]
@@ -704,10 +705,11 @@ class Pycni(Impl):
     """pycni's whereabouts: frozen (`bundle`) or from source, in-process or through per-node agents."""
 
     def __init__(self, bundle: Path | None, agents: int = 0, scratch: Path | None = None,
-                 agent_args: tuple[str, ...] = (), agent_timeout: float | None = None) -> None:  # fmt: skip
+                 agent_args: tuple[str, ...] = (), agent_timeout: float | None = None,
+                 label: str = "") -> None:  # fmt: skip
         self.bundle = bundle
         self.agent_timeout = agent_timeout  # the shims' PYCNI_AGENT_TIMEOUT (None: the default)
-        self.label = "pycni+agent" if agents else "pycni"
+        self.label = label or ("pycni+agent" if agents else "pycni")
         self.agents: dict[str, agentutil.Agent] = {}
         if agents:
             assert scratch is not None
@@ -828,13 +830,13 @@ def uncontended(impl: Impl, tenant: kubeup.Tenant, scratch: Path, runs: int, pre
 
 
 def table(reports: list[PhaseReport]) -> str:
-    base = {(r.mode, r.phase): r for r in reports if r.impl == "upstream"}
+    base = {(r.run, r.mode, r.phase): r for r in reports if r.impl == "upstream"}
     rows = ["| impl | mode | phase | done/planned | wall s | att/s | vs upstream | call p50/p99 ms "
             "| pod p50/p99 ms | API req/att | 409 | 422 | API CPU s | failures | agent served "
             "| left after DEL | check |",
             "|" + "---|" * 17]
     for r in reports:
-        up = base.get((r.mode, r.phase))
+        up = base.get((r.run, r.mode, r.phase))
         ratio = f"{r.per_s / up.per_s:.2f}x" if up and up.per_s and r.impl != "upstream" else "-"
         check = "ok" if not r.problems else f"{len(r.problems)} PROBLEMS"
         served = "-" if r.agent_served is None else f"{r.agent_served}/{r.attempted}"
@@ -845,6 +847,29 @@ def table(reports: list[PhaseReport]) -> str:
             f"| {ratio} | {r.call_p50_ms:.0f}/{r.call_p99_ms:.0f} | {pods} "
             f"| {r.api_per_attachment:.1f} | {r.api_409:.0f} | {r.api_422:.0f} | {r.api_cpu_s:.1f} "
             f"| {r.failures} | {served} | {left} | {check} |")
+    return "\n".join(rows)
+
+
+def medians(reports: list[PhaseReport]) -> str:
+    """--repeat: per implementation, mode and phase, the median over the runs of its speed against the
+    same run's upstream, and of its wall time (a figure that decides a design is a median of three)."""
+    base = {(r.run, r.mode, r.phase): r for r in reports if r.impl == "upstream"}
+    ratios: dict[tuple[str, str, str], list[float]] = {}
+    walls: dict[tuple[str, str, str], list[float]] = {}
+    for r in reports:
+        key = (r.impl, r.mode, r.phase)
+        walls.setdefault(key, []).append(r.wall_s)
+        up = base.get((r.run, r.mode, r.phase))
+        if up and up.per_s and r.impl != "upstream":
+            ratios.setdefault(key, []).append(r.per_s / up.per_s)
+    rows = ["| impl | mode | phase | runs | median wall s | median vs upstream | each run vs upstream |",
+            "|---|---|---|---|---|---|---|"]
+    for key, ws in walls.items():
+        rs = ratios.get(key, [])
+        each = ", ".join(f"{x:.2f}x" for x in rs) or "-"
+        med = f"{statistics.median(rs):.2f}x" if rs else "-"
+        wall = statistics.median(ws)
+        rows.append(f"| {key[0]} | {key[1]} | {key[2]} | {len(ws)} | {wall:.1f} | {med} | {each} |")
     return "\n".join(rows)
 
 
@@ -932,6 +957,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, help="seconds per phase (default 600; scenario 313: 240)")
     ap.add_argument("--single", type=int, default=20, help="uncontended ADDs per implementation (0: none)")
     ap.add_argument("--source", action="store_true", help="pycni from source, not dist/cni-bin")
+    ap.add_argument("--bundle", action="append", default=[], metavar="LABEL=DIR",
+                    help="also pycni standalone from another frozen bundle dir (another build), as "
+                         "impl pycni:LABEL in every run (compare builds in one run)")
     ap.add_argument("--json", type=Path, default=REPO / "dist" / "bench" / "ipam-scale.json")
     args = ap.parse_args(argv)
     if args.scenario == "313":
@@ -941,6 +969,12 @@ def main(argv: list[str] | None = None) -> int:
         args.mode = "shared" if args.mode == "both" else args.mode
     budget = args.budget or (240.0 if args.scenario == "313" else 600.0)
     impls = args.impl or ["upstream", "pycni", "pycni+agent"]
+    others = {f"pycni:{spec.partition('=')[0]}": Path(spec.partition("=")[2]) for spec in args.bundle}
+    for label, path in others.items():
+        if not (path / "whereabouts").exists():
+            print(f"--bundle {label}: no {path}/whereabouts", file=sys.stderr)
+            return 2
+    impls = [*impls, *others]
     modes = {"both": ["shared", "per-network"], "all": ["shared", "per-network", "slices"]}.get(
         args.mode, [args.mode])
     reason = kubeup.absent()
@@ -979,11 +1013,15 @@ def main(argv: list[str] | None = None) -> int:
                 for n, label in enumerate(impls):
                     where = scratch / f"run{run}" / label
                     impl: Impl = Upstream() if label == "upstream" else Pycni(
-                        bundle, args.nodes if label == "pycni+agent" else 0, where)
+                        others.get(label, bundle), args.nodes if label == "pycni+agent" else 0, where,
+                        label=label)
                     try:
                         tag = f" (run {run + 1} of {args.repeat})" if args.repeat > 1 else ""
-                        reports += run_modes(impl, args, modes, budget, server, where, f"{run:x}{n:x}", tag,
-                                             slice_notes)  # fmt: skip
+                        done = run_modes(impl, args, modes, budget, server, where, f"{run:x}{n:x}", tag,
+                                         slice_notes)  # fmt: skip
+                        for r in done:
+                            r.run = run
+                        reports += done
                         if args.single and run == 0:
                             tenant = kubeup.Tenant(server, where / "single" / "kube", prefix="single")
                             at = where / "single"
@@ -997,6 +1035,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n## IPAM at scale: {args.pods} pods x {args.networks} networks on {args.nodes} nodes, "
           f"{args.concurrency} at once (load {load0[0]:.2f} -> {load1[0]:.2f})\n")
     print(table(reports))
+    if args.repeat > 1:
+        print(f"\nMedians of {args.repeat} runs (each against the upstream of its own run):\n")
+        print(medians(reports))
     if slice_notes:
         by = ("upstream's node-slice-controller (started before ADD, every node assigned before the first "
               "call, stopped after DEL), for every implementation" if args.slices_by == "controller"
