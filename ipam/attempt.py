@@ -1,16 +1,17 @@
 """One attempt at a batch of one pool, whatever the execution mode: under the node lock, every op not yet
-done decided in turn through the core (ipam.decide) on the node's snapshot or the stored pool, then one
-compare-and-swap write. ipam.retry runs attempts until one writes; each op's state (ipam.batch.Op.to)
-says where it is. What a mode adds (the plugin process' node queue: ipam.exec_plain; the agent's early
-answers and arrivals: ipam.exec_agent) comes in through `Mode`.
+done decided in turn through the core (ipam.decide) on the pool, then one compare-and-swap write.
+ipam.retry runs attempts until one writes; each op's state (ipam.batch.Op.to) says where it is. What a
+mode adds (the agent's early answers and arrivals: ipam.exec_agent) comes in through `Mode`.
 
-A batch starts from the node lock's snapshot when the previous holder on this node left one
-(ipam.nodelock.Held: the store's answer to its write), else from the store: a batch of DELs always, one
-with ADDs while the pool is not `hot` (no race lost to another node and no foreign write seen lately: on
-a pool this node alone writes, an ADD then costs no read). A snapshot may lack the latest writes of
-others: a DEL that finds nothing in it looks at the stored pool before saying so, a removal that no
-longer fits is a Conflict like any other, and a write with ADDs decided on a snapshot needs the whole
-pool unchanged since (a Conflict: the retry, and for a while the node's next ADDs, read the pool).
+What the attempt knows of the pool beyond a read is one explicit per-pool value, `Memory`. A plugin
+process has none (an empty one per call: it reads the pool, decides, writes, retries). The agent keeps
+one per pool (ipam.exec_agent): its batch then starts from the pool as its own last write left it,
+when no other holder of the node lock wrote since: a batch of DELs always, one with ADDs while the pool
+is not `hot` (no race lost to another node and no foreign write seen lately: on a pool this node alone
+writes, an ADD then costs no read). Such a view may lack the latest writes of others: a DEL that finds
+nothing in it looks at the stored pool before saying so, a removal that no longer fits is a Conflict
+like any other, and a write with ADDs decided on it needs the whole pool unchanged since (a Conflict:
+the retry, and for a while the pool's next ADDs, read the pool).
 
 On a pool other nodes write too (`hot`) and a store that checks whole versions (not `merges`), the
 reservations a pass created took round trips during which the pool may have moved on: the pool is read
@@ -45,15 +46,52 @@ def spread(claims: Claims) -> int:
     return min(2 ** (claims.lost - 1), SPREAD_MAX) if claims.lost > 1 else 1
 
 
+class Memory:
+    """What a process remembers of one pool between its batches (module docstring): empty in a plugin
+    process; the agent keeps one per pool, used by one batch at a time (its combiner's).
+
+    - `last`, `count`: the pool as this process' last write left it (the store's answer) and the node
+      lock's counter then: usable while the counter moved by exactly one (no other holder since);
+    - `floor`: the pool's version after that write: a read at least that new (a server's cache) sees it;
+    - `hot_until`, `foreign_until` (monotonic): a race lost to another node lately (the next ADDs spread
+      their candidates at once), a write outside this node's lock seen lately (ADDs read the pool)."""
+
+    def __init__(self, kept: bool = False) -> None:
+        self.last: Pool | None = None
+        self.count = -1
+        self.floor = ""
+        self.hot_until = self.foreign_until = 0.0
+        self.kept = kept  # this process keeps it across batches (the agent): else nothing is noted
+
+    def hot(self) -> bool | None:
+        """Whether other nodes race this one on the pool; None: not known (a plugin process)."""
+        return time.monotonic() < self.hot_until if self.kept else None
+
+    def heat(self, seconds: float) -> None:
+        self.hot_until = time.monotonic() + seconds
+
+    def foreign(self) -> bool:
+        return time.monotonic() < self.foreign_until
+
+    def seen_foreign(self, seconds: float) -> None:
+        self.foreign_until = time.monotonic() + seconds
+
+    def view(self, lock: nodelock.Held | None) -> Pool | None:
+        """The pool as the last write left it, if no other holder of the node lock wrote since."""
+        if not self.kept or self.last is None or lock is None or lock.count != (self.count + 1) % 2**63:
+            return None
+        return self.last
+
+    def wrote(self, lock: nodelock.Held | None, pool: Pool | None, version: str) -> None:
+        if self.kept:
+            self.last, self.count = (pool, lock.count) if lock is not None else (None, -1)
+            self.floor = version
+
+
 class Mode:
     """What an execution mode adds to an attempt; by default nothing (each hook's docstring)."""
 
     releases = False  # DELs release their reservations in the batch, and are written only then
-
-    def enter(self, lock: nodelock.Held | None, pending: int) -> list[Op] | None:
-        """Under the node lock, before deciding: other calls' ops to take into the batch; None when
-        this call's ops were decided and written by another holder."""
-        return []
 
     def decided(self, attempt: Attempt, view: PoolView, got: Pass, hot: bool | None, cached: bool,
                 pending: list[Op]) -> list[Op]:  # fmt: skip
@@ -65,12 +103,6 @@ class Mode:
 
     def wrote(self, seconds: float) -> None:
         """The pool write took `seconds`."""
-
-    def done(self, lock: nodelock.Held | None, decided: list[Op]) -> None:
-        """After a successful write, the ops decided written."""
-
-    def failed(self) -> None:
-        """The attempt raised (its ops pending again, or failed)."""
 
 
 class Pass:
@@ -89,8 +121,8 @@ class Attempt:
     (the agent's arrivals join it). `reread` once a write of it failed: every attempt after it reads the
     pool as stored (a cached read may not hold what that write met)."""
 
-    def __init__(self, engine: Engine, name: str, ops: list[Op], mode: Mode) -> None:
-        self.e, self.name, self.ops, self.mode = engine, name, ops, mode
+    def __init__(self, engine: Engine, name: str, ops: list[Op], mode: Mode, memory: Memory) -> None:
+        self.e, self.name, self.ops, self.mode, self.memory = engine, name, ops, mode, memory
         self.reread = False
 
     def run(self) -> None:
@@ -106,41 +138,28 @@ class Attempt:
             return
         undecide(pending)  # an attempt before this one failed: its decisions are void
         with self.e.atomic(self.name, pending[0].owner.node) as lock:
-            taken = self.mode.enter(lock, len(pending))
-            if taken is None:
-                return  # decided and written by another call on this node
-            try:
-                self._locked(lock, pending + taken)
-            except BaseException:
-                self.mode.failed()
-                raise
+            self._locked(lock, pending)
 
     def _locked(self, lock: nodelock.Held | None, pending: list[Op]) -> None:
-        began = time.monotonic()
-        hot = None if lock is None else lock.hot()
+        memory = self.memory
+        hot = memory.hot()
         lost = sum(op.claims.lost for op in pending)
         view, got, cached = self.decide_batch(pending[0].rng, lock, pending, hot)
         decided = got.decided + self.mode.decided(self, view, got, hot, cached, pending)
-        if lock is not None and sum(op.claims.lost for op in pending) > lost:
-            lock.heat(HOT_SECONDS)  # races lost to other nodes: the next calls here spread at once
-        version = self._write(lock, view, got.changes, cached, decided)
-        if lock is not None and version is not None:
-            lock.save(self.e.store.snapshot(self.name, version))
-            lock.keep_floor(version)
-        if lock is not None:
-            lock.took(time.monotonic() - began)
+        if sum(op.claims.lost for op in pending) > lost:
+            memory.heat(HOT_SECONDS)  # races lost to other nodes: the next calls here spread at once
+        version = self._write(view, got.changes, cached, decided)
+        if version is not None:
+            memory.wrote(lock, self.e.store.written(self.name, version) if memory.kept else None, version)
         for op in decided:  # a mode that releases in the batch: its DELs written once released
             if op.kind == "add" or not self.mode.releases:
                 op.to(batch.WRITTEN)
-        self.mode.done(lock, decided)
         for op in decided:
             if op.kind == "add":
                 log.debug("%s %s: %s (%s)", op.owner.container_id, op.owner.ifname,
                           op.rng.address(op.offsets[0]), self.name)  # fmt: skip
 
-    def _write(
-        self, lock: nodelock.Held | None, view: PoolView, changes: BatchView, cached: bool, decided: list[Op]
-    ) -> str | None:
+    def _write(self, view: PoolView, changes: BatchView, cached: bool, decided: list[Op]) -> str | None:
         """The batch's one write (none when it changes nothing); the pool's version after it."""
         update = changes.update()
         if cached and any(op.kind == "add" for op in decided):
@@ -157,10 +176,10 @@ class Attempt:
             raise
         except Conflict:
             self.reread = True  # not a cached read next time: it may not hold what we met
-            if lock is not None and update.whole:  # written since the snapshot: read it for a while
-                lock.seen_foreign(HOT_SECONDS)
-            elif lock is not None:
-                lock.heat(HOT_SECONDS)  # another node wrote this pool meanwhile
+            if update.whole:  # written since the view this process kept: read it for a while
+                self.memory.seen_foreign(HOT_SECONDS)
+            else:
+                self.memory.heat(HOT_SECONDS)  # another node wrote this pool meanwhile
             raise
         self.mode.wrote(time.monotonic() - wrote)
         faults.point("store-commit")  # tests: inside the store transaction, before it ends
@@ -171,29 +190,29 @@ class Attempt:
     def decide_batch(
         self, rng: IPRange, lock: nodelock.Held | None, pending: list[Op], hot: bool | None
     ) -> tuple[PoolView, Pass, bool]:
-        """Decide the batch: (the view decided on, the pass, whether the view is the node's snapshot).
-        The snapshot serves DELs, and ADDs while no other node raced this one on the pool and no
-        foreign write was seen lately: an ADD must see every entry of its pod, also one written outside
-        this node's lock (upstream whereabouts during a migration), so its write then needs the whole
-        pool still at the snapshot's version. A snapshot found stale on the way (a candidate's
-        reservation is newer than it: the first such stops the pass before another candidate is
-        reserved; or an ADD failed on it) is no lost race: the pool is read and the batch decided again
-        (each op keeps the reservations it made, all of lowest free addresses).
+        """Decide the batch: (the view decided on, the pass, whether the view is the one this process
+        kept, its snapshot: Memory). The snapshot serves DELs, and ADDs while no other node raced this
+        one on the pool and no foreign write was seen lately: an ADD must see every entry of its pod,
+        also one written outside this node's lock (upstream whereabouts during a migration), so its
+        write then needs the whole pool still at the snapshot's version. A snapshot found stale on the
+        way (a candidate's reservation is newer than it: the first such stops the pass before another
+        candidate is reserved; or an ADD failed on it) is no lost race: the pool is read and the batch
+        decided again (each op keeps the reservations it made, all of lowest free addresses).
 
-        Without a usable snapshot the pool is read at least as new as this node's last write of it
-        (the lock's `floor`: the store may answer from a cache, which holds every write of this node);
-        an ADD that fails or a DEL that finds nothing there, and every attempt after a failed write,
-        reads the pool as stored."""
+        Without a usable snapshot the pool is read at least as new as this process' last write of it
+        (Memory.floor: the store may answer from a cache, which holds that write); an ADD that fails or
+        a DEL that finds nothing there, and every attempt after a failed write, reads the pool as
+        stored. A plugin process has no snapshot and no floor: it reads the pool."""
         before = [op.claims.lost for op in pending]  # (every op pending: step)
-        kept = self._kept_view(rng, lock) if _trusts_snapshot(lock, pending, hot) else None
+        kept = self._kept_view(rng, lock) if _trusts_snapshot(self.memory, pending, hot) else None
         if kept is not None:
             got = self.decide_all(kept, pending, hot, snapshot=True)
             if not _lacking(got, pending):
                 return kept, got, True
-            if lock is not None and (got.stale or _failed_add(pending)):
-                lock.seen_foreign(HOT_SECONDS)
+            if got.stale or _failed_add(pending):
+                self.memory.seen_foreign(HOT_SECONDS)
         else:
-            view, got, final = self._decide_read(rng, lock, pending, hot)
+            view, got, final = self._decide_read(rng, pending, hot)
             if final:
                 return view, got, False
         if got.stale or _failed_add(pending):
@@ -205,14 +224,12 @@ class Attempt:
         view = self.e.view(rng)  # stale, or a DEL found nothing in the snapshot: the pool as stored
         return view, self.decide_all(view, [op for op in pending if not op.done], hot), False
 
-    def _decide_read(
-        self, rng: IPRange, lock: nodelock.Held | None, pending: list[Op], hot: bool | None
-    ) -> tuple[PoolView, Pass, bool]:
-        """Decide on the pool read at least as new as the lock's floor (decide_batch): (the view, the
+    def _decide_read(self, rng: IPRange, pending: list[Op], hot: bool | None) -> tuple[PoolView, Pass, bool]:
+        """Decide on the pool read at least as new as the memory's floor (decide_batch): (the view, the
         pass, whether it stands). It does not when an ADD failed or a DEL found nothing on a cached read:
         what it lacked may be newer than the cache (written outside this node's lock)."""
         reread = self.reread or any(op.rewrites for op in pending)  # a write of theirs failed
-        floor = "" if lock is None or reread else lock.floor()
+        floor = "" if reread else self.memory.floor
         view, got = self._decide_fresh(rng, self.e.view(rng, floor), pending, hot)
         return view, got, not floor or not _lacking(got, pending)
 
@@ -231,12 +248,9 @@ class Attempt:
         return view, got
 
     def _kept_view(self, rng: IPRange, lock: nodelock.Held | None) -> PoolView | None:
-        """The pool as the previous writer on this node left it (decide_batch), if usable."""
-        data = lock.load() if lock is not None else None
-        pool = self.e.store.restore(data) if data is not None else None
-        if not isinstance(pool, Pool) or not same_network(pool.range, rng):
-            return None
-        return SnapshotView(pool)
+        """The pool as this process' last write left it (decide_batch), if usable (Memory.view)."""
+        pool = self.memory.view(lock)
+        return None if pool is None or not same_network(pool.range, rng) else SnapshotView(pool)
 
     def decide_all(
         self, view: PoolView, pending: list[Op], hot: bool | None, snapshot: bool = False,
@@ -351,10 +365,10 @@ def undecide(ops: list[Op], failed: bool = False) -> None:
             op.to(batch.PENDING)
 
 
-def _trusts_snapshot(lock: nodelock.Held | None, pending: list[Op], hot: bool | None) -> bool:
-    """Whether the batch may start from the node's snapshot (Attempt.decide_batch)."""
+def _trusts_snapshot(memory: Memory, pending: list[Op], hot: bool | None) -> bool:
+    """Whether the batch may start from the process' snapshot (Attempt.decide_batch)."""
     adds = any(op.kind == "add" for op in pending)
-    return not adds or (lock is not None and not hot and not lock.foreign())
+    return memory.kept and (not adds or (not hot and not memory.foreign()))
 
 
 def _failed_add(pending: list[Op]) -> bool:

@@ -158,6 +158,7 @@ class Combiner:
         self._settling = 0  # deferring: threads waiting in settle (settling)
         self._write_s = 0.0  # deferring: how long the last pool write took
         self._execute_fn: Callable[[list[Op]], None] | None = None
+        self.memory: Any = None  # what the pool's batches remember between them (ipam.attempt.Memory)
         if defer:
             import threading  # the agent only (plugin processes never defer): a cost per call
 

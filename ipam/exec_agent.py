@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from cni.errors import CniError
 from ipam import batch
-from ipam.attempt import Attempt, Mode, Pass, undecide
+from ipam.attempt import Attempt, Memory, Mode, Pass, undecide
 from ipam.batch import Op
 from ipam.model import PoolView
 from ipam.ranges import IPRange
@@ -61,7 +61,9 @@ def _deferred(engine: Engine, name: str, comb: batch.Combiner) -> Callable[[list
 
 
 def _batch(engine: Engine, name: str, group: list[Op], comb: batch.Combiner) -> None:
-    Attempt(engine, name, group, Agent(engine, comb)).run()
+    if not isinstance(comb.memory, Memory):  # the pool's, kept with its combiner (one batch at a time)
+        comb.memory = Memory(kept=True)
+    Attempt(engine, name, group, Agent(engine, comb), comb.memory).run()
     _release_freed(engine, group)
 
 

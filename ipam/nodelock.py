@@ -20,27 +20,25 @@ lists for the lock in /proc/locks) is not waited for at all: the waiter runs wit
 (`held` yields None, as when the lock directory cannot be used), logged with the holder's pid. A frozen
 agent would otherwise hold a pool's lock for good, and every in-process call of the node on that pool
 would end with code 11 after PATIENCE, retried by the runtime into the same wait (issue 28). The
-compare-and-swap still decides between the two writers, as between nodes: the lockless writer leaves
-the holder's node-local state (snapshot, floor, known reservations) alone, and a commit the resumed
-holder decided on a view that writer changed fails its guards (Conflict) and is retried on the pool
-as stored.
+compare-and-swap still decides between the two writers, as between nodes: a commit the resumed holder
+decided on a view that writer changed fails its guards (Conflict) and is retried on the pool as stored.
 
-Files: `<dir>/<sha256(store, node, pool)[:32]>.lock`, 0600, created once per pool and left in place (a
-file that is unlinked while others wait on it would split the queue). `dir` is `pool-locks/` beside the
+Files: `<dir>/<sha256(store, node, pool)[:32]>.lock`, 0600, 8 bytes (the counter), created once per pool
+and left in place (a file that is unlinked while others wait on it would split the queue); deleting
+them while nothing runs is harmless (docs/ipam.md). `dir` is `pool-locks/` beside the
 local database (`local_db`, default /var/lib/cni/pycni), a node-local directory the agent mounts too.
 The node name is part of the key so that simulated nodes sharing one machine (benchmarks, tests) do not
 queue behind each other."""
 
 from __future__ import annotations
 
-import _thread  # not threading: its import would cost every plugin call
 import contextlib
 import fcntl
 import os
 import time
 from collections.abc import Iterator
 
-from cni import jsonio, log
+from cni import log
 from cni.errors import TryAgainError
 from ipam.digest import sha256_hex
 
@@ -48,8 +46,6 @@ from ipam.digest import sha256_hex
 # live holder can take on an overloaded API server (a few requests, each up to its 10 s read timeout)
 PATIENCE = 60.0
 LIMIT = 120.0  # absolute bound on one wait (upstream whereabouts' ADD limit)
-KNOWN_MAX = 4096  # reservations remembered per pool and node (Held.reservations)
-VERSION_BYTES = 24  # Held.floor: an etcd revision has at most 19 digits
 POLL = (0.001, 0.02)  # first and longest sleep between tries when polling, seconds
 LOOK = 1.0  # seconds between looks at the counter and the holder's state while waiting
 
@@ -89,24 +85,6 @@ def _check_holder(fd: int) -> None:
         raise _Stopped(pid)
 
 
-def private(path: str, flags: int) -> int:
-    """os.open for the node lock's files: 0600, never through a symlink (an opener for open())."""
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-
-
-def write_private(path: str, data: bytes) -> None:
-    """Replace `path` with `data` atomically (a 0600 temporary file beside it, then rename)."""
-    tmp = f"{path}.{os.getpid()}.{_thread.get_ident()}.tmp"
-    try:
-        with open(tmp, "wb", opener=private) as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def path_for(directory: str, identity: str, node: str, pool: str) -> str:
     digest = sha256_hex("\0".join((identity, node, pool)).encode())[:32]
     return os.path.join(directory, f"{digest}.lock")
@@ -117,100 +95,12 @@ def _counter(fd: int) -> int:
 
 
 class Held:
-    """The lock while it is held. Besides the progress counter (bytes 0-8) the file keeps how long
-    writers of this pool on this node should expect contention (bytes 8-16, a wall-clock deadline in
-    milliseconds): a call that lost a race to another node says so, and the calls after it on this
-    node spread their candidates at once instead of each losing the same races again. Bytes 16-32 pace
-    the node's writes of the pool (last_write, took); bytes 32-40 whether others wrote it lately (foreign);
-    bytes 40-64 the pool's version after the node's last write (floor: any holder may read it).
-
-    Beside the lock, `<lock>.snap` keeps the pool as the last holder's write left it (the store's
-    answer to that write), stamped with that holder's counter value. The next holder can start from
-    it instead of reading the pool again, if no one else held the lock in between (the counter moved
-    by exactly one): then every write this node made to the pool is in the snapshot. Writes of other
-    nodes may be missing; a commit computed from it that no longer fits fails the store's guard
-    (Conflict), and the retry reads the pool."""
+    """The lock while it is held: its file descriptor and the counter's value this holder wrote (the
+    agent knows from it whether another holder wrote the pool since its own last write:
+    ipam.attempt.Memory)."""
 
     def __init__(self, fd: int, path: str = "", count: int = 0) -> None:
         self.fd, self.path, self.count = fd, path, count
-
-    def hot(self) -> bool:
-        until = int.from_bytes(os.pread(self.fd, 8, 8).ljust(8, b"\0"), "little")
-        return until > time.time() * 1000
-
-    def heat(self, seconds: float) -> None:
-        os.pwrite(self.fd, int((time.time() + seconds) * 1000).to_bytes(8, "little"), 8)
-
-    def foreign(self) -> bool:
-        """Whether a writer outside this node's lock changed the pool lately (bytes 32-40, a wall-clock
-        deadline in milliseconds, set by `seen_foreign`): ADDs then read the pool instead of trusting
-        the snapshot. Unlike `hot`, no race was lost: candidates are not spread."""
-        until = int.from_bytes(os.pread(self.fd, 8, 32).ljust(8, b"\0"), "little")
-        return until > time.time() * 1000
-
-    def seen_foreign(self, seconds: float) -> None:
-        os.pwrite(self.fd, int((time.time() + seconds) * 1000).to_bytes(8, "little"), 32)
-
-    def floor(self) -> str:
-        """The pool's version as this node last wrote it ("" if none kept): the pool as stored now is
-        that version or newer, so a read served from a cache at least that new sees every write of this
-        node (store.recent_pool)."""
-        return os.pread(self.fd, VERSION_BYTES, 40).rstrip(b"\0").decode("ascii", "replace")
-
-    def keep_floor(self, version: str) -> None:
-        data = version.encode("ascii", "replace")
-        if len(data) <= VERSION_BYTES:  # a longer (opaque) version is simply not kept
-            os.pwrite(self.fd, data.ljust(VERSION_BYTES, b"\0"), 40)
-
-    def last_write(self) -> tuple[float, float]:
-        """The node's previous write of the pool (bytes 16-32, wall-clock milliseconds): how long it took
-        and how long ago it ended, in seconds (batch.pace_gap paces the next one from them)."""
-        took, ended = (int.from_bytes(os.pread(self.fd, 8, at).ljust(8, b"\0"), "little") for at in (16, 24))
-        return took / 1000, time.time() - ended / 1000
-
-    def took(self, seconds: float) -> None:
-        """Record how long this holder's write took, ending now (see last_write)."""
-        now = int(time.time() * 1000)
-        os.pwrite(self.fd, int(seconds * 1000).to_bytes(8, "little") + now.to_bytes(8, "little"), 16)
-
-    def load(self) -> bytes | None:
-        """The previous holder's snapshot, if it was the previous holder (else None)."""
-        try:
-            with open(self.path + ".snap", "rb") as f:
-                data = f.read()
-        except OSError:
-            return None
-        if len(data) < 8 or int.from_bytes(data[:8], "little") != (self.count - 1) % 2**63:
-            return None
-        return data[8:]
-
-    def save(self, snapshot: bytes | None) -> None:
-        """Leave `snapshot` (None: nothing, and any older one no longer counts) for the next holder."""
-        if snapshot is None:
-            return  # the counter already moved past the old snapshot's stamp
-        self._write(".snap", self.count.to_bytes(8, "little") + snapshot)
-
-    def reservations(self) -> dict[str, list[str]]:
-        """The reservations this node's writers of the pool created and still hold, as they were
-        created: name -> [version, *owner fields] (`<lock>.res`; possibly stale, never trusted alone:
-        a delete with that version fails as a Conflict once the object changed)."""
-        try:
-            with open(self.path + ".res", "rb") as f:
-                doc = jsonio.loads(f.read(), "known reservations")
-        except (OSError, ValueError):
-            return {}
-        return doc if isinstance(doc, dict) else {}
-
-    def keep_reservations(self, known: dict[str, list[str]]) -> None:
-        while len(known) > KNOWN_MAX:  # the oldest go first
-            del known[next(iter(known))]
-        self._write(".res", jsonio.dumps(known))
-
-    def _write(self, suffix: str, data: bytes) -> None:
-        try:
-            write_private(self.path + suffix, data)
-        except OSError as e:
-            log.debug("%s%s not kept: %s", self.path, suffix, e.strerror)
 
 
 @contextlib.contextmanager

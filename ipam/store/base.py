@@ -135,12 +135,9 @@ class Store(Protocol):
         """Pool `name` answered by the store itself inside exclusive(); None: read it with get_pool."""
         return None
 
-    def snapshot(self, name: str, version: str) -> bytes | None:
-        """Pool `name` at `version` as this handle last read or wrote it, for restore(); None: unknown."""
-        return None
-
-    def restore(self, data: bytes) -> Pool | None:
-        """A pool from snapshot() (possibly another process'); None when not offered or unreadable."""
+    def written(self, name: str, version: str) -> Pool | None:
+        """Pool `name` at `version` as this handle last read or wrote it (the agent decides its next
+        batch on its last write's: ipam.attempt.Memory); None: unknown."""
         return None
 
     def known_reservation(self, name: str) -> Reservation | None:

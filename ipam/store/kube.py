@@ -138,7 +138,7 @@ class KubeStore(Store):
 
     def _keep(self, obj: dict[str, Any], pool: Pool | None = None) -> str:
         """Remember a pool object as read or as returned by a write (its version; "" if it has none): the
-        snapshot commits are guarded against, and the one `snapshot()` hands out. A written object is
+        snapshot commits are guarded against, and the one `written()` hands out. A written object is
         turned into a Pool only if a commit is computed from it (`pool` None until then)."""
         meta = obj.get("metadata") or {}
         version = str(meta.get("resourceVersion") or "")
@@ -148,23 +148,17 @@ class KubeStore(Store):
                 del self._seen[next(iter(self._seen))]  # the oldest
         return version
 
-    def snapshot(self, name: str, version: str) -> bytes | None:
-        """Pool `name` at `version` as this handle read or wrote it, serialised for `restore()` (the
-        engine keeps the latest one per node beside the node lock: ipam.nodelock)."""
+    def written(self, name: str, version: str) -> Pool | None:
+        """Pool `name` at `version` as this handle read or wrote it: commits from it are guarded against
+        the object kept with it."""
         seen = self._seen.get((name, version))
-        return None if seen is None else jsonio.dumps(seen[1])
-
-    def restore(self, data: bytes) -> Pool | None:
-        """A pool from `snapshot()` (possibly another process'): None when unreadable. Commits can be
-        computed from it; a commit that no longer fits the pool as stored is a Conflict as usual."""
-        try:
-            obj = jsonio.loads(data, "pool snapshot")
-        except Exception:
+        if seen is None:
             return None
-        if not isinstance(obj, dict) or obj.get("kind") != "IPPool":
-            return None
-        pool = crd.pool_from_object(obj)
-        return pool if self._keep(obj, pool) else None
+        pool, obj = seen
+        if pool is None:
+            pool = crd.pool_from_object(obj)
+            self._seen[(name, version)] = (pool, obj)
+        return pool
 
     def commit_pool(self, pool: Pool, update: PoolUpdate) -> str:
         if pool.version is None:

@@ -287,10 +287,18 @@ def _timed(calls: list[tuple[dict[str, str], dict[str, Any]]]) -> tuple[list[tup
     return out, time.monotonic() - t
 
 
+def _waiters(lock: Path) -> int:
+    """Processes blocked in flock on `lock` (the kernel lists each in /proc/locks with "->")."""
+    st = os.stat(lock)
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with open("/proc/locks") as f:
+        return sum(1 for line in f if "->" in line and f" {key} " in line)
+
+
 def test_etcd_killed_mid_storm_then_recovers(tmp_path: Path) -> None:
-    """40 ADDs: 5 done, then 35 in flight when etcd is SIGKILLed (queued on the node while the test holds
-    the node's lock of the pool, which it lets go once etcd is dead: surely in flight, whatever the
-    machine's speed): each ends with code 11, all within BOUND of etcd's death. After restart the
+    """40 ADDs: 5 done, then 35 in flight when etcd is SIGKILLed (waiting on the node's lock of the pool,
+    which the test holds and lets go once etcd is dead: surely in flight, whatever the machine's
+    speed): each ends with code 11, all within BOUND of etcd's death. After restart the
     runtime's DEL + ADD for the failures and a GC leave the store consistent, and every ADD succeeds
     again."""
     from concurrent.futures import ThreadPoolExecutor
@@ -306,7 +314,7 @@ def test_etcd_killed_mid_storm_then_recovers(tmp_path: Path) -> None:
         [lock] = (tmp_path / "state" / "pool-locks").glob("*.lock")
         with ThreadPoolExecutor(1) as runner, nodelock.held(str(lock)):
             calls = runner.submit(_timed, [(a.env("ADD"), conf) for a in atts[5:]])
-            queued = until(lambda: len(list(Path(f"{lock}.q").glob("*.req"))) == 35 or calls.done(), 120)
+            queued = until(lambda: _waiters(lock) == 35 or calls.done(), 120)
             etcd.kill()
             killed = time.monotonic()
             assert queued and not calls.done(), "the calls never queued on the node"

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from cni.agent import client, proto
+from cni import procs
+from cni.agent import client
 from ipam.store.local import LocalStore
 from tests.agentutil import Agent
 from tests.ipamutil import write_wrappers
@@ -199,9 +200,9 @@ def test_a_stopped_agent_leaves_every_call_to_the_in_process_path(
     agent.signal(signal.SIGSTOP)
     try:
         deadline = time.monotonic() + 30
-        while not proto.stopped(agent.pid) and time.monotonic() < deadline:
+        while not procs.stopped(agent.pid) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert proto.stopped(agent.pid)
+        assert procs.stopped(agent.pid)
         add = pool.submit(run, topo, agent, "ADD", cfg, pod, 0, tmp_path).result(timeout=60)
         assert add.ok, add
         assert topo.addrs(pod, "net1") == [add.out["ips"][0]["address"]]

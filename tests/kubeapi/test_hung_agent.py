@@ -58,8 +58,7 @@ def test_a_stopped_agent_holding_a_pool_lock_does_not_block_in_process_calls(
         assert agent.served() == {"ADD": 1}  # every call after the stop ran in-process
         assert other not in [ip for _, ip, _ in held(tenant)]
         locks = tmp_path / "state" / "pool-locks"  # beside local_db
-        assert len(list(locks.glob("*.lock"))) == 2  # the two pools'
-        assert list(locks.glob("*.q/*")) == []  # the calls that ran without the lock withdrew their requests
+        assert sorted(p.suffix for p in locks.iterdir()) == [".lock", ".lock"]  # the two pools', nothing else
 
         node.signal(signal.SIGCONT)
         assert node.proc is not None

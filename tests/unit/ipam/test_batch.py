@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from cni.agent import proto
+from cni import procs
 from cni.errors import CniError, Code, TryAgainError
 from ipam import batch, nodelock
 from ipam.allocator import SnapshotView, allocate
+from ipam.attempt import Memory
 from ipam.batch import BatchView, Combiner, Op
 from ipam.config import IpamConfig, from_dict
 from ipam.engine import Engine
@@ -73,6 +74,15 @@ def _engine(backend: Backend, writes: list[int], pause: float = 0.02, **ipam: An
 @pytest.fixture
 def shared() -> Any:
     batch.share(True)
+    yield
+    batch.share(False)
+
+
+@pytest.fixture
+def kept() -> Any:
+    """The agent's sharing, unpaced and not deferring: each batch on its caller's thread, the pool's
+    memory kept with its combiner (ipam.attempt.Memory)."""
+    batch.share(True, pace=0.0)
     yield
     batch.share(False)
 
@@ -140,17 +150,6 @@ def test_without_sharing_or_a_node_queue_each_call_writes_alone(tmp_path: Path) 
     db = str(tmp_path / "state" / "db")
     in_threads(6, lambda i: _engine(backend, writes, 0.0, local_db=db).add(owners[i]))
     assert set(writes) == {1} and len(writes) >= 6  # one entry per write (lost races are retried)
-    assert len(backend.pools["198.51.100.0-24"].allocations) == 6
-
-
-def test_without_sharing_calls_of_a_node_may_share_writes_through_its_queue(tmp_path: Path) -> None:
-    """Threads that do not share in-process still meet in the node queue (ipam.nodequeue), as plugin
-    processes do: however they group, every call gets its own address and every entry is written once."""
-    backend, writes = Backend(), []
-    owners = [Allocation(f"c{i}", f"ns/p{i}", "net1", "", "n", "node1") for i in range(6)]
-    db = str(tmp_path / "state" / "db")
-    got = in_threads(6, lambda i: _engine(backend, writes, 0.01, local_db=db).add(owners[i])[0][1])
-    assert sorted(got) == [1, 2, 3, 4, 5, 6] and sum(writes) == 6
     assert len(backend.pools["198.51.100.0-24"].allocations) == 6
 
 
@@ -258,7 +257,7 @@ def test_node_lock_held_by_a_stopped_process_is_not_waited_for(
                 nodelock.held(path, patience=0.05):  # fmt: skip
             pass
         holder.send_signal(signal.SIGSTOP)
-        assert until(lambda: proto.stopped(holder.pid))
+        assert until(lambda: procs.stopped(holder.pid))
         with nodelock.held(path) as lock:  # the default patience: a wait would end in TryAgainError
             assert lock is None
         assert f"held by pid {holder.pid}, which is stopped: running without it" in capfd.readouterr().err
@@ -277,22 +276,9 @@ def _held_is_none(path: str) -> bool:
         return lock is None
 
 
-def test_node_lock_paces_the_next_write_by_the_previous_ones_duration(tmp_path: Path) -> None:
-    """The lock file tells the next holder (in another process as well) how long the previous write took
-    and how long ago it ended; pace_gap makes the wait of them: `pace` times the duration after its
+def test_pace_gap() -> None:
+    """The agent's combiners pace a pool's writes: `pace` times the previous write's duration after its
     end, at most `longest`, none once that much time has passed."""
-    path = nodelock.path_for(str(tmp_path / "locks"), "store", "node1", "pool")
-    with nodelock.held(path) as lock:
-        assert lock is not None and batch.pace_gap(*lock.last_write(), 1.0, 0.5) < 0  # no write yet: no wait
-        before = time.time()
-        lock.took(2.0)
-    with nodelock.held(path) as lock:  # the next holder
-        assert lock is not None
-        took, since = lock.last_write()
-        after = time.time()
-        assert took == 2.0 and 0 <= since <= after - before + 0.001  # (the file keeps milliseconds)
-        lock.took(0.0)
-        assert lock.last_write()[0] == 0 and batch.pace_gap(*lock.last_write(), 1.0, 0.5) <= 0
     assert batch.pace_gap(2.0, 0.0, 1.0, 0.5) == 0.5  # as long as it took, at most `longest`
     assert batch.pace_gap(2.0, 0.1, 1.0, 0.5) == pytest.approx(0.4)  # less the time since it ended
     assert batch.pace_gap(2.0, 0.1, 0.5, 5.0) == pytest.approx(0.9)  # `pace` times as long
@@ -352,11 +338,13 @@ def test_cluster_store_attempts_hold_the_node_lock(tmp_path: Path) -> None:
         assert held is not None and held.count == 4
 
 
-def test_a_race_lost_to_another_writer_heats_the_pool_and_the_next_call_scatters(tmp_path: Path) -> None:
-    """Node 2 finds the lowest free address reserved by a call in flight elsewhere (a reservation newer
-    than the pool it read): its next candidate is the lowest free address after a random point of the
-    range (not the next lowest, which the other nodes' writers go for too), and it marks the pool hot
-    in its node lock, so its next call starts at a random point at once."""
+def test_a_race_lost_to_another_writer_heats_the_pool_and_the_next_call_scatters(
+    kept: None, tmp_path: Path
+) -> None:
+    """The agent: node 2 finds the lowest free address reserved by a call in flight elsewhere (a
+    reservation newer than the pool it read): its next candidate is the lowest free address after a
+    random point of the range (not the next lowest, which the other nodes' writers go for too), and it
+    marks the pool hot in its memory of the pool, so its next call starts at a random point at once."""
     from ipam.model import Reservation
 
     backend = Backend()
@@ -369,40 +357,35 @@ def test_a_race_lost_to_another_writer_heats_the_pool_and_the_next_call_scatters
     e2.retry = type(e2.retry)(rand=lambda: picks.append(1) or 0.99)
     owner_b = Allocation("cb", "ns/b", "net1", "", "n", "node2")
     assert e2.add(owner_b)[0][1] == 252 and len(picks) == 1  # 99% into .1-.254: .252
-    lock = nodelock.path_for(str(tmp_path / "n2" / "pool-locks"), e2.identity, "node2", "198.51.100.0-24")
-    with nodelock.held(lock) as held:
-        assert held is not None and held.hot()
+    assert batch.combiner((e2.identity, "198.51.100.0-24")).memory.hot()
     got = e2.add(Allocation("cc", "ns/c", "net1", "", "n", "node2"))[0][1]
     assert len(picks) == 2 and got == 253  # hot: scattered from the first candidate (.252 is taken)
 
 
-def test_the_next_holder_gets_the_previous_holders_snapshot_and_no_one_else(tmp_path: Path) -> None:
-    """A snapshot left beside the node lock counts only for the very next holder: a holder that left
-    none in between (a failed write) makes it stale for everyone after."""
+def test_the_agents_memory_of_a_pool_serves_only_while_no_other_holder_wrote(tmp_path: Path) -> None:
+    """ipam.attempt.Memory: the pool as this process' last write left it is offered to its next batch
+    only while the node lock's counter moved by exactly one since (no other holder in between); a
+    plugin process' memory (not kept) notes nothing and knows nothing of the pool's heat."""
     path = str(tmp_path / "locks" / "p.lock")
+    pool = Pool("p", RANGE, {"1": A}, "7")
+    memory = Memory(kept=True)
     with nodelock.held(path) as first:
-        assert first is not None and first.load() is None  # nothing left yet
-        first.save(b'{"pool": 1}')
+        assert memory.view(first) is None  # nothing kept yet
+        memory.wrote(first, pool, "7")
     with nodelock.held(path) as second:
-        assert second is not None and second.load() == b'{"pool": 1}'
-        second.save(None)  # this holder wrote nothing it could vouch for
-    with nodelock.held(path) as third:
-        assert third is not None and third.load() is None
-        third.save(b'{"pool": 3}')
-    assert os.stat(path + ".snap").st_mode & 0o777 == 0o600
-    assert sorted(os.listdir(tmp_path / "locks")) == ["p.lock", "p.lock.snap"]  # no temp file left
+        assert memory.view(second) is pool and memory.floor == "7"
+    with nodelock.held(path) as third:  # another holder (the second) came in between
+        assert memory.view(third) is None
+        memory.wrote(third, pool, "8")
     with nodelock.held(path) as fourth:
-        assert fourth is not None and fourth.load() == b'{"pool": 3}'
-
-
-def test_an_unwritable_snapshot_is_only_a_missed_shortcut(tmp_path: Path) -> None:
-    path = tmp_path / "locks" / "p.lock"
-    with nodelock.held(str(path)) as held:
-        assert held is not None
-        (tmp_path / "locks" / "p.lock.snap").mkdir()  # os.replace onto a directory fails
-        held.save(b"{}")
-        assert held.load() is None
-    assert sorted(os.listdir(tmp_path / "locks")) == ["p.lock", "p.lock.snap"]
+        assert memory.view(fourth) is pool
+    assert memory.view(None) is None  # without the lock: no way to tell
+    plain = Memory()
+    with nodelock.held(path) as held:
+        plain.wrote(held, pool, "9")
+    with nodelock.held(path) as held:
+        assert plain.view(held) is None and plain.floor == "" and plain.hot() is None
+    assert sorted(os.listdir(tmp_path / "locks")) == ["p.lock"] and os.stat(path).st_size == 8
 
 
 def _op() -> batch.Op:
@@ -499,10 +482,10 @@ def _lagging(backend: Backend, tmp_path: Path) -> tuple[Engine, LaggingStore]:
 
 
 def test_a_read_without_a_snapshot_asks_for_the_pool_no_older_than_this_nodes_last_write(
-    tmp_path: Path,
+    kept: None, tmp_path: Path,
 ) -> None:
-    """The node lock keeps the pool's version after the node's write (its floor): a later batch that
-    must read the pool lets the store answer from a cache at least that new."""
+    """The agent keeps the pool's version after its write (its floor: ipam.attempt.Memory): a later
+    batch that must read the pool lets the store answer from a cache at least that new."""
     backend = Backend()
     e, store = _lagging(backend, tmp_path)
     e.add(A)
@@ -510,12 +493,13 @@ def test_a_read_without_a_snapshot_asks_for_the_pool_no_older_than_this_nodes_la
     store.reads.clear()
     assert e.add(B)[0][1] == 2
     assert store.reads == [("recent", floor)]
-    lock = nodelock.path_for(str(tmp_path / "state" / "pool-locks"), e.identity, "node1", "198.51.100.0-24")
-    with nodelock.held(lock) as held:
-        assert held is not None and held.floor() == backend.pools["198.51.100.0-24"].version
+    memory = batch.combiner((e.identity, "198.51.100.0-24")).memory
+    assert memory.floor == backend.pools["198.51.100.0-24"].version
 
 
-def test_a_del_that_finds_nothing_in_a_cached_read_reads_the_pool_as_stored(tmp_path: Path) -> None:
+def test_a_del_that_finds_nothing_in_a_cached_read_reads_the_pool_as_stored(
+    kept: None, tmp_path: Path
+) -> None:
     """B's entry was written outside this node's lock after its last write, and the cache does not
     hold it yet: the DEL does not conclude there is nothing to free before reading the stored pool."""
     backend = Backend()
@@ -532,7 +516,7 @@ def test_a_del_that_finds_nothing_in_a_cached_read_reads_the_pool_as_stored(tmp_
     assert set(backend.pools["198.51.100.0-24"].allocations) == {"1"}
 
 
-def test_after_a_failed_write_the_next_attempt_reads_the_pool_as_stored(tmp_path: Path) -> None:
+def test_after_a_failed_write_the_next_attempt_reads_the_pool_as_stored(kept: None, tmp_path: Path) -> None:
     """A write decided on a cached read that no longer fits fails; the retry does not ask the cache
     again (it may still lack what the write met) but reads the pool as stored."""
     backend = Backend()

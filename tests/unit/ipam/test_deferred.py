@@ -19,7 +19,7 @@ import pytest
 
 from cni import metrics
 from ipam import batch
-from ipam.attempt import Attempt
+from ipam.attempt import Attempt, Memory
 from ipam.batch import Op
 from ipam.config import from_dict
 from ipam.engine import Engine
@@ -291,7 +291,7 @@ def test_an_add_is_answered_once_its_address_is_reserved_not_when_its_pass_ends(
     e = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store))
     comb = batch.Combiner(defer=HANG, idle=HANG)  # deferring: early answers
     ops = [Op("add", rng, owner(i), True) for i in range(3)]
-    attempt = Attempt(e, e.pool_name(rng), ops, Agent(e, comb))
+    attempt = Attempt(e, e.pool_name(rng), ops, Agent(e, comb), Memory(kept=True))
     got: list[Any] = []
     t = threading.Thread(target=lambda: got.append(attempt.decide_all(e.view(rng), ops, hot=False)))
     t.start()
