@@ -16,6 +16,7 @@ address the file could repeat."""
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 
 from cni import log
@@ -89,13 +90,14 @@ def _info_file(req: Request) -> tuple[Named | None, str]:
     if not os.path.isabs(path):
         return None, f"{where} is not an absolute path"
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_INFO_BYTES + 1)
+        data = _read_regular(path)
     except FileNotFoundError:
         log.debug("%s: no such file; it names no device", where)
         return None, ""
     except OSError as e:
         return None, f"{where}: cannot read it: {e.strerror or e}"
+    if data is None:
+        return None, f"{where}: not a regular file"
     if len(data) > MAX_INFO_BYTES:
         return None, f"{where}: larger than {MAX_INFO_BYTES} bytes, not a device-info file"
     try:
@@ -106,6 +108,26 @@ def _info_file(req: Request) -> tuple[Named | None, str]:
         log.debug("%s names no PCI device", where)
         return None, ""
     return Named(INFO_FIELD, pci), ""
+
+
+def _read_regular(path: str) -> bytes | None:
+    """Up to MAX_INFO_BYTES + 1 bytes of a regular file; None for anything else (a FIFO, a device:
+    opened without blocking, never read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks = []
+        left = MAX_INFO_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _pci_address(data: bytes) -> str | None:

@@ -5,6 +5,7 @@ sources, agreement between them, a disagreement refused naming both, and the dev
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -171,8 +172,16 @@ def test_an_unusable_file(tmp_path: Path, capfd: pytest.CaptureFixture[str], con
 
 def test_unreadable_and_relative_paths(tmp_path: Path) -> None:
     directory = str(tmp_path)
-    assert refused(runtimeConfig={"CNIDeviceInfoFile": directory}).startswith(
-        f'runtimeConfig.CNIDeviceInfoFile: "{directory}": cannot read it: Is a directory')
+    assert refused(runtimeConfig={"CNIDeviceInfoFile": directory}) == (
+        f'runtimeConfig.CNIDeviceInfoFile: "{directory}": not a regular file')
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # no writer: a blocking open would hang the call
+    assert refused(runtimeConfig={"CNIDeviceInfoFile": str(fifo)}) == (
+        f'runtimeConfig.CNIDeviceInfoFile: "{fifo}": not a regular file')
+    looping = tmp_path / "loop"
+    looping.symlink_to(looping)
+    assert refused(runtimeConfig={"CNIDeviceInfoFile": str(looping)}).startswith(
+        f'runtimeConfig.CNIDeviceInfoFile: "{looping}": cannot read it: Too many levels of symbolic links')
     assert refused(runtimeConfig={"CNIDeviceInfoFile": "devinfo/x"}) == (
         'runtimeConfig.CNIDeviceInfoFile: "devinfo/x" is not an absolute path')
     assert named(deviceID=VF, runtimeConfig={"CNIDeviceInfoFile": directory}) == ("deviceID", VF)
