@@ -185,3 +185,31 @@ def test_unreadable_and_relative_paths(tmp_path: Path) -> None:
     assert refused(runtimeConfig={"CNIDeviceInfoFile": "devinfo/x"}) == (
         'runtimeConfig.CNIDeviceInfoFile: "devinfo/x" is not an absolute path')
     assert named(deviceID=VF, runtimeConfig={"CNIDeviceInfoFile": directory}) == ("deviceID", VF)
+
+
+@pytest.mark.parametrize(("conf", "expected"), [
+    ({"device": "ens1f0", "hwaddr": "02:00:00:00:00:01", "kernelpath": "/sys/devices/x", "deviceID": VF},
+     ("device", "ens1f0")),
+    ({"hwaddr": "02:00:00:00:00:01", "kernelpath": "/sys/devices/x", "deviceID": VF},
+     ("hwaddr", "02:00:00:00:00:01")),
+    ({"kernelpath": "/sys/devices/x", "deviceID": VF}, ("kernelpath", "/sys/devices/x")),
+    # a named selector decides alone: the id sources (even disagreeing ones) are not consulted
+    ({"device": "ens1f0", "deviceID": VF, "pciBusID": OTHER}, ("device", "ens1f0")),
+    ({"device": "", "pciBusID": VF, "runtimeConfig": {"deviceID": VF}}, ("runtimeConfig.deviceID", VF)),
+    ({"runtimeConfig": {"deviceID": AUX}, "deviceID": AUX, "pciBusID": AUX}, ("runtimeConfig.deviceID", AUX)),
+])
+def test_host_device_precedence(conf: dict[str, Any], expected: tuple[str, str]) -> None:
+    from cni.plugins import hostdevice
+
+    assert hostdevice.selector(req(**conf)) == expected
+
+
+def test_host_device_without_a_selector_or_with_disagreeing_ids() -> None:
+    from cni.plugins import hostdevice
+
+    with pytest.raises(CniError) as info:
+        hostdevice.selector(req())
+    assert info.value.code == 7 and info.value.msg.startswith("specify one of device, hwaddr, kernelpath")
+    with pytest.raises(CniError) as info:
+        hostdevice.selector(req(deviceID=VF, pciBusID=OTHER))
+    assert info.value.code == 7 and info.value.msg.startswith(f'pciBusID: "{OTHER}" disagrees with deviceID')
