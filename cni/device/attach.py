@@ -178,6 +178,8 @@ def check(req: Request, conf: DeviceConf) -> None:
                 raise CheckError(f"{req.ifname}: device {att.netdev.name} is named {link.name} in the pod")
             if iface.mac and link.mac.lower() != iface.mac.lower():
                 raise CheckError(f"{req.ifname}: MAC {link.mac} does not match prevResult {iface.mac}")
+            if conf.mtu and link.mtu != conf.mtu:
+                raise CheckError(f"{req.ifname}: MTU {link.mtu} does not match mtu {conf.mtu}")
             common.check_ips_and_routes(pod, link.index, req.ifname, prev, idx)
 
 

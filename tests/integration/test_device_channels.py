@@ -213,6 +213,11 @@ def test_hostdevice_mtu_set_in_the_pod_and_restored(lab: Lab) -> None:
     assert add.ok, (add.out, add.stderr)
     assert add.out["interfaces"][0]["mtu"] == 4000
     assert lab.netdev("net1", pod)["mtu"] == 4000  # type: ignore[index]
+    assert lab.run("host-device", "CHECK", {**conf, "prevResult": add.out}, netns=pod).ok
+    lab.topo.ip(pod, "link", "set", "dev", "net1", "mtu", "1500")
+    check = lab.run("host-device", "CHECK", {**conf, "prevResult": add.out}, netns=pod)
+    assert check.rc == 1 and check.out["code"] == 105, check.out
+    assert check.out["msg"] == "net1: MTU 1500 does not match mtu 4000"
     assert lab.run("host-device", "DEL", conf, netns=pod).ok
     assert lab.netdev(lab.nic) == before
     no_trace(lab)
