@@ -89,6 +89,8 @@ def _info_file(req: Request) -> tuple[Named | None, str]:
     where = f"{INFO_FIELD}: {f.show(path)}"
     if not os.path.isabs(path):
         return None, f"{where} is not an absolute path"
+    if "\0" in path:
+        return None, f"{where} holds a NUL byte"
     try:
         data = _read_regular(path)
     except FileNotFoundError:

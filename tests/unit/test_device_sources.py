@@ -184,6 +184,7 @@ def test_unreadable_and_relative_paths(tmp_path: Path) -> None:
         f'runtimeConfig.CNIDeviceInfoFile: "{looping}": cannot read it: Too many levels of symbolic links')
     assert refused(runtimeConfig={"CNIDeviceInfoFile": "devinfo/x"}) == (
         'runtimeConfig.CNIDeviceInfoFile: "devinfo/x" is not an absolute path')
+    assert refused(runtimeConfig={"CNIDeviceInfoFile": "/run/a\0b"}).endswith("holds a NUL byte")
     assert named(deviceID=VF, runtimeConfig={"CNIDeviceInfoFile": directory}) == ("deviceID", VF)
 
 
