@@ -27,6 +27,7 @@ from cni.types.netconf import Request
 
 INFO_FIELD = "runtimeConfig.CNIDeviceInfoFile"
 FIELDS = ("runtimeConfig.deviceID", "deviceID", "pciBusID", INFO_FIELD)
+PATH_MAX = 4096
 MAX_INFO_BYTES = 64 * 1024  # a device-info object is a few hundred bytes
 PCI_INFO_TYPES = ("pci", "vdpa")  # the spec's types that carry a "pci-address" (vdpa: optionally)
 
@@ -86,7 +87,8 @@ def _info_file(req: Request) -> tuple[Named | None, str]:
     path = f.opt(req.runtime_config(), "CNIDeviceInfoFile", str, "runtimeConfig", "")
     if not path:
         return None, ""
-    where = f"{INFO_FIELD}: {f.show(path)}"
+    # the whole path (Multus' are over 100 characters, unique at the end), unless it is no path at all
+    where = f'{INFO_FIELD}: "{path}"' if len(path) <= PATH_MAX else f"{INFO_FIELD}: {f.show(path)}"
     if not os.path.isabs(path):
         return None, f"{where} is not an absolute path"
     if "\0" in path:

@@ -170,6 +170,14 @@ def test_an_unusable_file(tmp_path: Path, capfd: pytest.CaptureFixture[str], con
     assert "warning: runtimeConfig.CNIDeviceInfoFile" in err and 'the device comes from pciBusID "' in err
 
 
+def test_the_whole_path_is_named(tmp_path: Path) -> None:
+    long = tmp_path / ("x" * 200)
+    long.write_text("{")
+    assert refused(runtimeConfig={"CNIDeviceInfoFile": str(long)}) == (
+        f'runtimeConfig.CNIDeviceInfoFile: "{long}": not a JSON device-info object')
+    assert len(refused(runtimeConfig={"CNIDeviceInfoFile": "/" + "y" * 5000})) < 200
+
+
 def test_unreadable_and_relative_paths(tmp_path: Path) -> None:
     directory = str(tmp_path)
     assert refused(runtimeConfig={"CNIDeviceInfoFile": directory}) == (
