@@ -43,20 +43,20 @@ class Named:
         return normalize_pci(self.value) or self.value
 
     def describe(self) -> str:
-        return f'{self.field} "{self.value}"'
+        return f"{self.field} {f.show(self.value)}"
 
 
 def device_id(req: Request) -> Named | None:
     """The device the sources agree on (the first source that names it), None when none does."""
     given = _id_fields(req)
+    for other in given[1:]:
+        _agree(given[0], other)
     info, problem = _info_file(req)
     if problem:
         if not given:
             raise ConfigError(problem)
         log.warning("%s; the device comes from %s", problem, given[0].describe())
     first = given[0] if given else info
-    for other in given[1:]:
-        _agree(given[0], other)
     if given and info is not None:
         if normalize_pci(given[0].value) is not None:
             _agree(given[0], info)
