@@ -26,7 +26,6 @@ from cni.types import fields as f
 from cni.types.netconf import Request
 
 INFO_FIELD = "runtimeConfig.CNIDeviceInfoFile"
-FIELDS = ("runtimeConfig.deviceID", "deviceID", "pciBusID", INFO_FIELD)
 PATH_MAX = 4096
 MAX_INFO_BYTES = 64 * 1024  # a device-info object is a few hundred bytes
 PCI_INFO_TYPES = ("pci", "vdpa")  # the spec's types that carry a "pci-address" (vdpa: optionally)
