@@ -152,3 +152,31 @@ def kill_netns(topo: Topology, path: str) -> None:
     name = os.path.basename(path)
     sh("ip", "netns", "del", name)
     topo.namespaces.remove(name)
+
+
+# ---- the device as Multus and DRA drivers hand it over (tests/integration/test_device_channels.py) ----
+
+SANDBOX = "5e0b9f3c2a1d4e6f8a7b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f"
+POD_UID = "7f3e2d1c-0b9a-4876-8543-210fedcba987"
+
+
+def k8s_args(namespace: str, name: str) -> str:
+    """CNI_ARGS as Multus (pkg/types/conf.go createRuntimeConf) and dra-driver-sriov (pkg/cni/cni.go
+    AttachNetwork) both build them: IgnoreUnknown, then the pod's namespace, name, sandbox id and UID."""
+    return (f"IgnoreUnknown=true;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};"
+            f"K8S_POD_INFRA_CONTAINER_ID={SANDBOX};K8S_POD_UID={POD_UID}")
+
+
+def device_info(tmp: Path, net: str, ifname: str, pci: str) -> str:
+    """The CNI device-info file Multus names in runtimeConfig.CNIDeviceInfoFile
+    (<dir>/<network>-<containerID>_<ifname>, pkg/types/conf.go delegateRuntimeConfig; the directory is
+    the test's, not /var/run/k8s.cni.cncf.io/devinfo/cni) holding its copy of the device plugin's file
+    (CopyDeviceInfoForCNIFromDP), as dra-driver-sriov writes that one in Multus mode
+    (pkg/devicestate/deviceinfo.go saveDeviceInfoForPreparedDevice; Go's json.Marshal field order)."""
+    directory = tmp / "devinfo" / "cni"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{net}-{SANDBOX}_{ifname}"
+    path.write_text(json.dumps({"type": "pci", "version": "1.1.0", "pci": {"pci-address": pci}},
+                               separators=(",", ":")))
+    path.chmod(0o444)
+    return str(path)

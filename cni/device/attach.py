@@ -33,6 +33,9 @@ from cni.undo import Undo
 
 def add(req: Request, plugin: str, conf: DeviceConf, target: Target, hooks: Hooks | None,
         mac: str | None = None) -> Result:
+    if conf.mtu and not target.netdev:
+        raise ConfigError(f"mtu: {target.what} is bound to {target.driver}: no network interface to set "
+                          "it on")
     recs = Records(conf.state_dir)
     with netns.opened(req.netns) as pod_fd:
         with opened(pod_fd) as pod:
@@ -123,7 +126,7 @@ def _attach(req: Request, conf: DeviceConf, recs: Records, att: Attachment, pod_
             undo: Undo, mac: str | None) -> Result:
     index = 0
     if att.netdev is not None:
-        link = move.move_in(att, temp_fd, pod_fd, req.ifname, mac)
+        link = move.move_in(att, temp_fd, pod_fd, req.ifname, mac, conf.mtu)
         att = replace(att, pod_index=link.index, pod_mac=link.mac)
         index = link.index
         iface = Interface(req.ifname, link.mac, req.netns, mtu=link.mtu, pci_id=att.pci)
@@ -175,6 +178,8 @@ def check(req: Request, conf: DeviceConf) -> None:
                 raise CheckError(f"{req.ifname}: device {att.netdev.name} is named {link.name} in the pod")
             if iface.mac and link.mac.lower() != iface.mac.lower():
                 raise CheckError(f"{req.ifname}: MAC {link.mac} does not match prevResult {iface.mac}")
+            if conf.mtu and link.mtu != conf.mtu:
+                raise CheckError(f"{req.ifname}: MTU {link.mtu} does not match mtu {conf.mtu}")
             common.check_ips_and_routes(pod, link.index, req.ifname, prev, idx)
 
 

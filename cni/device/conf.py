@@ -16,15 +16,20 @@ from cni.types.netconf import Request
 from cni.types.result import DNS
 from cni.undo import Undo
 
+MIN_MTU = 68
+MAX_MTU = 65535  # the device's own maximum is the kernel's to check, at ADD
+
 
 @dataclass(frozen=True)
 class DeviceConf:
-    """stateDir (absolute; the same for every network that shares devices), dad, dns, ipam."""
+    """stateDir (absolute; the same for every network that shares devices), dad, dns, ipam, and the
+    pod-side MTU (0: the device's own; what users chain `tuning` for, which a lone plugin cannot)."""
 
     state_dir: str = DEFAULT_DIR
     dad: str = "on"
     dns: DNS = field(default_factory=DNS)
     ipam: dict[str, Any] | None = None
+    mtu: int = 0
 
     @staticmethod
     def from_request(req: Request) -> DeviceConf:
@@ -32,7 +37,11 @@ class DeviceConf:
         if not os.path.isabs(state_dir):
             raise ConfigError(f'stateDir: "{state_dir}" is not an absolute path')
         dad = f.choice(req.conf, "dad", "", ifconfig.DAD_MODES, "on")
-        return DeviceConf(state_dir, dad, req.dns(), req.ipam())
+        mtu = f.opt(req.conf, "mtu", int, "", 0)
+        if mtu and not MIN_MTU <= mtu <= MAX_MTU:
+            raise ConfigError(f"mtu: {mtu} out of range [{MIN_MTU}, {MAX_MTU}] "
+                              "(0 or absent: the device's own)")
+        return DeviceConf(state_dir, dad, req.dns(), req.ipam(), mtu)
 
 
 @dataclass(frozen=True)

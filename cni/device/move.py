@@ -1,7 +1,7 @@
 """Moving a host netdev into a pod and home again without name collisions, and finding it again.
 
 Into the pod: host -> a private temporary namespace (where no name can collide) -> set the marker
-alias, drop altnames, rename to CNI_IFNAME, set the MAC -> pod. Home: wherever the device is (pod,
+alias, drop altnames, rename to CNI_IFNAME, set the MAC and MTU -> pod. Home: wherever the device is (pod,
 temporary namespace or already home) -> a fresh temporary namespace -> original name, alias, MTU and
 MAC -> host (under a free temporary name if the original is taken, reported) -> altnames, admin state.
 The device is recognised by what the record holds (marker alias, bus device, pod ifindex, permanent
@@ -14,9 +14,9 @@ import secrets
 
 from cni import faults, log, netns
 from cni.device.records import Attachment, Netdev
-from cni.errors import CniError, InterfaceExistsError
+from cni.errors import CniError, ConfigError, InterfaceExistsError
 from cni.netlink import links
-from cni.netlink.socket import EEXIST, Netlink, NetlinkError, opened
+from cni.netlink.socket import EEXIST, EINVAL, Netlink, NetlinkError, opened
 
 
 def _unique(found: list[links.Link]) -> links.Link | None:
@@ -62,8 +62,10 @@ def _by_perm_mac(link: links.Link, att: Attachment, where: str) -> bool:
 _RULES = (_by_marker, _by_bus_device, _by_pod_index, _untouched, _by_perm_mac)
 
 
-def move_in(att: Attachment, temp_fd: int, pod_fd: int, ifname: str, mac: str | None) -> links.Link:
-    """Move the snapshot's device into the pod as `ifname`; returns it as the pod sees it (down)."""
+def move_in(att: Attachment, temp_fd: int, pod_fd: int, ifname: str, mac: str | None,
+            mtu: int = 0) -> links.Link:
+    """Move the snapshot's device into the pod as `ifname` (with `mtu` when not 0); returns it as the
+    pod sees it (down)."""
     dev = att.netdev
     assert dev is not None
     with opened(None) as host:
@@ -73,7 +75,7 @@ def move_in(att: Attachment, temp_fd: int, pod_fd: int, ifname: str, mac: str | 
         links.set_netns(host, link.index, temp_fd)
     faults.point("move-temp")
     with opened(temp_fd) as tmp:
-        index = _prepare(tmp, att, ifname, mac)
+        index = _prepare(tmp, att, ifname, mac, mtu)
         try:
             links.set_netns(tmp, index, pod_fd)
         except NetlinkError as e:
@@ -88,7 +90,7 @@ def move_in(att: Attachment, temp_fd: int, pod_fd: int, ifname: str, mac: str | 
     return moved
 
 
-def _prepare(tmp: Netlink, att: Attachment, ifname: str, mac: str | None) -> int:
+def _prepare(tmp: Netlink, att: Attachment, ifname: str, mac: str | None, mtu: int) -> int:
     link = find(tmp, att, "temp")
     assert link is not None, "device missing from its temporary namespace"
     links.set_alias(tmp, link.index, att.marker)
@@ -100,6 +102,14 @@ def _prepare(tmp: Netlink, att: Attachment, ifname: str, mac: str | None) -> int
     if mac:
         links.set_mac(tmp, link.index, mac)
         faults.point("mac")
+    if mtu and mtu != link.mtu:
+        try:
+            links.set_mtu(tmp, link.index, mtu)
+        except NetlinkError as e:
+            if e.errno != EINVAL:
+                raise
+            raise ConfigError(f"mtu: {mtu} refused by {att.netdev.name if att.netdev else ifname}: "
+                              f"{e.msg.split(': ', 1)[-1]}") from None
     return link.index
 
 

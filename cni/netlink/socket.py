@@ -113,10 +113,11 @@ def ignore(err: NetlinkError, *codes: int) -> bool:
     return err.errno in codes
 
 
-ENODEV, EEXIST, ENOENT, ESRCH, EADDRNOTAVAIL = (
+ENODEV, EEXIST, ENOENT, ESRCH, EADDRNOTAVAIL, EINVAL = (
     errno.ENODEV,
     errno.EEXIST,
     errno.ENOENT,
     errno.ESRCH,
     errno.EADDRNOTAVAIL,
+    errno.EINVAL,
 )

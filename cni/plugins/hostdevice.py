@@ -1,6 +1,7 @@
 """host-device: move an existing host interface (a PF, a VF netdev, any NIC) into a pod and bring it
-home on DEL. The device is selected by `device`, `hwaddr`, `kernelpath`, `pciBusID`, or the deviceID
-Multus injects (runtimeConfig.deviceID or top level); a PCI device bound to a userspace driver
+home on DEL. The device is selected by `device`, `hwaddr`, `kernelpath`, else by the device id sources
+(runtimeConfig.deviceID, deviceID, pciBusID, the device-info file: cni.device.sources, which must
+agree; runtimeConfig.deviceID may also be an auxiliary device); a PCI device bound to a userspace driver
 (vfio-pci, uio_pci_generic, igb_uio) is not moved: only the IPAM result is returned."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import contextlib
 import os
 
 from cni import skel
-from cni.device import attach, release
+from cni.device import attach, release, sources
 from cni.device.conf import DeviceConf, Target
 from cni.errors import ConfigError
 from cni.netlink import links
@@ -20,19 +21,20 @@ from cni.types import fields as f
 from cni.types.netconf import Request
 from cni.types.result import Result
 
-SELECTORS = ("device", "hwaddr", "kernelpath", "runtimeConfig.deviceID", "pciBusID", "deviceID")
+SELECTORS = ("device", "hwaddr", "kernelpath")  # then the device id sources (cni.device.sources)
 
 
 def selector(req: Request) -> tuple[str, str]:
     """(field, value) of the selector in force, by precedence; code 7 when there is none."""
-    rc = req.runtime_config()
     for name in SELECTORS:
-        source, key, path = (rc, "deviceID", "runtimeConfig") if "." in name else (req.conf, name, "")
-        value = f.opt(source, key, str, path, "")
+        value = f.opt(req.conf, name, str, "", "")
         if value:
             return name, str(value)
-    raise ConfigError("specify one of device, hwaddr, kernelpath, pciBusID or deviceID "
-                      "(runtimeConfig.deviceID)")
+    named = sources.device_id(req)
+    if named is None:
+        raise ConfigError("specify one of device, hwaddr, kernelpath, pciBusID or deviceID "
+                          "(runtimeConfig.deviceID, runtimeConfig.CNIDeviceInfoFile)")
+    return named.field, named.value
 
 
 def _by_name(field: str, value: str, name: str, fs: sysfs.Sysfs) -> Target:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cni.device import attach, release
+from cni.device import attach, release, sources
 from cni.device.conf import DeviceConf, Target
 from cni.errors import ConfigError, NotAvailableError
 from cni.plugins import common
@@ -45,13 +45,12 @@ class SriovConf:
 
 
 def _device_id(req: Request) -> tuple[str, str]:
-    """runtimeConfig.deviceID, else the deviceID (or pciBusID) Multus writes at the top level."""
-    for source, key, path in ((req.runtime_config(), "deviceID", "runtimeConfig"),
-                              (req.conf, "deviceID", ""), (req.conf, "pciBusID", "")):
-        value = f.opt(source, key, str, path, "")
-        if value:
-            return f.join(path, key), str(value)
-    raise ConfigError("deviceID: required (the VF's PCI address; Multus sets it from the resource)")
+    """The VF from every channel that names it (cni.device.sources: they must agree)."""
+    named = sources.device_id(req)
+    if named is None:
+        raise ConfigError("deviceID: required (the VF's PCI address; Multus sets it from the resource, "
+                          "a DRA driver from the claim)")
+    return named.field, named.value
 
 
 def _vlan(c: dict[str, Any]) -> list[Setting]:

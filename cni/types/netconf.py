@@ -63,19 +63,6 @@ class Request:
             return None
         return parse(raw, self.version, "prevResult")
 
-    def device_id(self) -> str:
-        """The device a device plugin allocated: runtimeConfig.deviceID, else Multus' top-level
-        deviceID, else pciBusID."""
-        for source, key, path in (
-            (self.runtime_config(), "deviceID", "runtimeConfig"),
-            (self.conf, "deviceID", ""),
-            (self.conf, "pciBusID", ""),
-        ):
-            value = f.opt(source, key, str, path, "")
-            if value:
-                return str(value)
-        return ""
-
     def valid_attachments(self) -> set[tuple[str, str]] | None:
         """GC: (containerID, ifname) pairs still in use, from either attachment key; None if absent."""
         found = None

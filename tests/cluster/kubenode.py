@@ -121,6 +121,11 @@ class Cluster:
         return self.host / "run-pycni"
 
     @property
+    def devinfo_dir(self) -> Path:
+        """The node's device-info directory as this test has it (the agent mounts it read-only)."""
+        return self.host / "devinfo"
+
+    @property
     def state_dir(self) -> Path:
         """The node's /var/lib/cni as this test has it (the agent mounts it at the same path)."""
         return self.host / "var-lib-cni"
@@ -154,6 +159,7 @@ def up(workdir: Path) -> Cluster:
     host = workdir / "host"
     (host / "run-pycni").mkdir(parents=True)
     (host / "var-lib-cni").mkdir()
+    (host / "devinfo").mkdir()
     env = {**os.environ, "MULTUS": "1", "KUBE_PROXY": "1", "UP_TMPDIR": str(workdir),
            "PYCNI_AGENT_FIFO": str(host / "run-pycni" / "agent.fifo")}
     proc = subprocess.run([str(UPSTREAM / "kube-node-up")], capture_output=True, text=True, env=env,
@@ -233,6 +239,9 @@ def overlay_changes(cluster: Cluster, tag: str) -> list[tuple[str, str, Any, str
         ("replace", f"{spec}/volumes/4/hostPath/path", str(cluster.state_dir),
          "cni-state: the test's own directory for the node's /var/lib/cni (the test NADs' stateDir and "
          "local_db, hence the pool locks, are under it)"),
+        ("replace", f"{spec}/volumes/6/hostPath/path", str(cluster.devinfo_dir),
+         "devinfo: the test's own directory (never the host's /var/run/k8s.cni.cncf.io/devinfo, which "
+         "the kubelet would create)"),
         ("replace", f"{spec}/containers/1/volumeMounts/2/mountPath", binary,
          "the agent sees host paths at the same paths: the bin dir where this node has it"),
         ("replace", f"{spec}/containers/1/volumeMounts/3/mountPath", conf,
@@ -245,6 +254,7 @@ def overlay_changes(cluster: Cluster, tag: str) -> list[tuple[str, str, Any, str
 EXPECTED_NAMES = {  # what each index of overlay_changes must name in the shipped DaemonSet
     "/spec/template/spec/volumes/0": "cni-bin", "/spec/template/spec/volumes/1": "cni-conf",
     "/spec/template/spec/volumes/2": "agent-fifo", "/spec/template/spec/volumes/4": "cni-state",
+    "/spec/template/spec/volumes/6": "devinfo",
     "/spec/template/spec/containers/0": "installer", "/spec/template/spec/containers/1": "agent",
     "/spec/template/spec/containers/1/volumeMounts/2": "cni-bin",
     "/spec/template/spec/containers/1/volumeMounts/3": "cni-conf",

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from cni import jsonio
+from tests.devlab import NIC_PCI, VF_PCIS, Lab, device_info, k8s_args
 from tests.logtee import PYTHONPATH
 from tests.nsutil import REPO, Topology, plugin_command, sh
 
@@ -38,9 +39,9 @@ def plugin_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def drive(topo: Topology, driver: Path, plugin_dir: Path, cache: Path, verb: str, conflist: Path,
-          netns: str) -> tuple[int, Any]:
+          netns: str, extra_env: dict[str, str] | None = None) -> tuple[int, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
-    env.update(CNI_PATH=f"{plugin_dir}:/usr/lib/cni", CNI_CACHE_DIR=str(cache))
+    env.update(CNI_PATH=f"{plugin_dir}:/usr/lib/cni", CNI_CACHE_DIR=str(cache), **(extra_env or {}))
     proc = subprocess.run(["ip", "netns", "exec", topo.host, str(driver), verb, str(conflist), "e2e1",
                            netns, "net1"], env=env, capture_output=True, check=False)
     out = jsonio.loads(proc.stdout) if proc.stdout.strip() else None
@@ -87,3 +88,42 @@ def test_host_device_through_libcni(topo: Topology, tmp_path: Path, cnidriver: P
     assert topo.link(pod, "net1") is None
     rc, out = drive(topo, cnidriver, plugin_dir, cache, "del", conflist, pod)  # again: still success
     assert rc == 0, out
+
+
+def test_host_device_through_libcni_as_multus_with_its_dra_client(topo: Topology, tmp_path: Path,
+                                                                  cnidriver: Path, plugin_dir: Path) -> None:
+    """The config as Multus' DRA client hands a delegate to libcni (deviceID and pciBusID injected, the
+    capabilities declared, their values as capability args: tests/integration/test_device_channels.py
+    cites the upstream code): libcni itself turns them into runtimeConfig.deviceID and
+    runtimeConfig.CNIDeviceInfoFile, and the device-info file is read (one naming another device is
+    refused, code 7, nothing moved)."""
+    (tmp_path / "lab").mkdir()
+    lab = Lab(topo, tmp_path / "lab")
+    before = device_state(topo, lab.nic)
+    pod = topo.pod()
+    conf = tmp_path / "hostdev.conf"
+    conf.write_bytes(jsonio.dumps({
+        "cniVersion": "1.0.0", "name": "hostdev", "type": "host-device",
+        "capabilities": {"deviceID": True, "CNIDeviceInfoFile": True},
+        "ipam": {"type": "static", "addresses": [{"address": "198.51.100.81/24"}]},
+        "stateDir": str(lab.state_dir), "deviceID": NIC_PCI, "pciBusID": NIC_PCI}))
+    env = {"PYCNI_SYSFS_ROOT": str(lab.sysfs), "PYCNI_AGENT": "off", "CNI_ARGS": k8s_args("ml", "worker-1")}
+
+    def run(verb: str, info_pci: str) -> tuple[int, Any]:
+        info = device_info(tmp_path / info_pci.replace(":", "-"), "hostdev", "net1", info_pci)
+        caps = jsonio.dumps({"deviceID": NIC_PCI, "CNIDeviceInfoFile": info}).decode()
+        return drive(topo, cnidriver, plugin_dir, tmp_path / "cache", verb, conf, pod,
+                     {**env, "CAP_ARGS": caps})
+
+    rc, out = run("add", VF_PCIS[0])
+    assert rc == 1 and out["code"] == 7, out
+    refusal = f'runtimeConfig.CNIDeviceInfoFile: "{VF_PCIS[0]}" disagrees with runtimeConfig.deviceID'
+    assert refusal in out["msg"], out
+    assert device_state(topo, lab.nic) == before and topo.link(pod, "net1") is None
+    rc, out = run("add", NIC_PCI)
+    assert rc == 0, out
+    assert out["interfaces"][0]["name"] == "net1" and topo.addrs(pod, "net1") == ["198.51.100.81/24"]
+    assert device_state(topo, lab.nic) is None
+    rc, out = run("del", NIC_PCI)
+    assert rc == 0, out
+    assert device_state(topo, lab.nic) == before

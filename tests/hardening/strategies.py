@@ -29,10 +29,10 @@ STORE_KEYS = {"kubernetes", "etcd_host", "etcd_username", "etcd_password", "etcd
 KNOWN_KEYS = {
     "macvlan": ["master", "mode", "mtu", "mac", "linkInContainer", "bcqueuelen", "dad", "dns", "ipam",
                 "runtimeConfig", "args", "prevResult", "cniVersion", "name", "type", "logLevel"],
-    "host-device": ["device", "hwaddr", "kernelpath", "pciBusID", "deviceID", "runtimeConfig", "dad",
+    "host-device": ["device", "hwaddr", "kernelpath", "pciBusID", "deviceID", "runtimeConfig", "dad", "mtu",
                     "dns", "ipam", "args", "prevResult", "cniVersion", "name", "logLevel"],
     "sriov": ["deviceID", "pciBusID", "vlan", "vlanQoS", "vlanProto", "mac", "spoofchk", "trust",
-              "link_state", "min_tx_rate", "max_tx_rate", "runtimeConfig", "dns", "ipam", "args",
+              "link_state", "min_tx_rate", "max_tx_rate", "mtu", "runtimeConfig", "dns", "ipam", "args",
               "prevResult", "cniVersion", "logLevel"],
     "whereabouts": ["cniVersion", "name", "ipam", "runtimeConfig", "args", "prevResult", "dns"],
     "ipam": ["range", "range_start", "range_end", "exclude", "ipRanges", "gateway", "routes", "dns",

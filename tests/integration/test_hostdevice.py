@@ -47,6 +47,8 @@ def test_add_check_del(lab: Lab, version: str) -> None:
         assert add.out["ips"][0]["address"] == "198.51.100.50/24"
         if version == "1.1.0":
             assert (iface["mtu"], iface["pciID"]) == (1400, NIC_PCI)
+        else:  # mtu and pciID are 1.1.0 fields: older results do not carry them
+            assert set(iface) == {"name", "mac", "sandbox"}, iface
     assert lab.netdev(lab.nic) is None
     inside = lab.netdev("net1", pod)
     assert inside is not None and inside["up"] and inside["mtu"] == 1400
@@ -77,7 +79,7 @@ def test_selectors(lab: Lab) -> None:
         {"pciBusID": NIC_PCI},
         {"deviceID": NIC_PCI},
         {"runtimeConfig": {"deviceID": NIC_PCI}},
-        {"runtimeConfig": {"deviceID": NIC_PCI}, "pciBusID": VF_PCIS[0]},  # the capability wins
+        {"runtimeConfig": {"deviceID": NIC_PCI}, "pciBusID": NIC_PCI, "deviceID": NIC_PCI},  # they agree
         {"device": lab.nic, "pciBusID": VF_PCIS[0]},  # device wins over pciBusID
     ):
         before = lab.netdev(lab.nic)
@@ -102,6 +104,10 @@ def test_selectors(lab: Lab) -> None:
     ({"runtimeConfig": {"deviceID": "mlx5_core.sf.99"}},
      'runtimeConfig.deviceID: "mlx5_core.sf.99": no such PCI or auxiliary device'),
     ({}, "specify one of device, hwaddr, kernelpath, pciBusID or deviceID"),
+    ({"runtimeConfig": {"deviceID": NIC_PCI}, "pciBusID": VF_PCIS[0]},
+     f'pciBusID: "{VF_PCIS[0]}" disagrees with runtimeConfig.deviceID "{NIC_PCI}"'),
+    ({"runtimeConfig": {"deviceID": AUX_ID}, "deviceID": NIC_PCI},
+     f'deviceID: "{NIC_PCI}" disagrees with runtimeConfig.deviceID "{AUX_ID}"'),
 ])
 def test_unknown_selector_values(lab: Lab, fields: dict[str, Any], message: str) -> None:
     add = selected(lab, **fields)

@@ -50,6 +50,8 @@ def test_add_check_del(lab: Lab, version: str) -> None:
         assert (iface["name"], iface["mac"], iface["sandbox"]) == ("net1", FULL["mac"], pod)
         if version == "1.1.0":
             assert (iface["mtu"], iface["pciID"]) == (1500, VF_PCIS[1])
+        else:  # mtu and pciID are 1.1.0 fields: older results do not carry them
+            assert set(iface) == {"name", "mac", "sandbox"}, iface
     inside = lab.netdev("net1", pod)
     assert inside is not None and inside["mac"] == FULL["mac"] and inside["up"]
     assert inside["altnames"] == []  # dropped for the move, restored at home

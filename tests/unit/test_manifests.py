@@ -113,7 +113,8 @@ def test_daemonset_runs_everywhere_with_limits() -> None:
     assert env["NODENAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 
 
-AGENT_HOST_PATHS = {"/run/pycni", "/var/run/netns", "/var/lib/cni", "/var/log"}
+AGENT_HOST_PATHS = {"/run/pycni", "/var/run/netns", "/var/lib/cni", "/var/log",
+                    "/var/run/k8s.cni.cncf.io/devinfo"}
 
 
 def test_daemonset_runs_the_agent_with_the_host_paths_it_serves() -> None:

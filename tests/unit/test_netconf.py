@@ -69,33 +69,6 @@ def test_mac_errors_name_the_source(conf: dict[str, Any], path: str) -> None:
     assert e.value.msg.startswith(path + ":"), e.value.msg
 
 
-@pytest.mark.parametrize(
-    ("conf", "expected"),
-    [
-        ({}, ""),
-        ({"pciBusID": "0000:3b:00.2"}, "0000:3b:00.2"),
-        ({"deviceID": "0000:3b:00.3", "pciBusID": "0000:3b:00.2"}, "0000:3b:00.3"),
-        ({"runtimeConfig": {"deviceID": "0000:3b:00.4"}, "deviceID": "0000:3b:00.3"}, "0000:3b:00.4"),
-        ({"runtimeConfig": {"deviceID": ""}, "deviceID": "0000:3b:00.3"}, "0000:3b:00.3"),
-    ],
-)
-def test_device_id_sources(conf: dict[str, Any], expected: str) -> None:
-    assert req(conf).device_id() == expected
-
-
-@pytest.mark.parametrize(
-    ("conf", "path"),
-    [
-        ({"deviceID": 3}, "deviceID"),
-        ({"runtimeConfig": {"deviceID": []}}, "runtimeConfig.deviceID"),
-        ({"pciBusID": {}}, "pciBusID"),
-    ],
-)
-def test_device_id_type_errors(conf: dict[str, Any], path: str) -> None:
-    with pytest.raises(ConfigError, match=f"^{path}: must be a string"):
-        req(conf).device_id()
-
-
 VA = "cni.dev/valid-attachments"
 OLD = "cni.dev/attachments"
 

@@ -38,8 +38,20 @@ def test_device_id_required_and_checked() -> None:
 def test_device_id_sources() -> None:
     c = conf(deviceID=None, pciBusID="0000:af:06.2")
     assert (c.device_id, c.device_field) == ("0000:af:06.2", "pciBusID")
-    c = conf(runtimeConfig={"deviceID": "0000:af:06.3"})
+    c = conf(deviceID=None, runtimeConfig={"deviceID": "0000:af:06.3"})
     assert (c.device_id, c.device_field) == ("0000:af:06.3", "runtimeConfig.deviceID")
+    c = conf(pciBusID=VF, runtimeConfig={"deviceID": VF})  # Multus: the same device in every channel
+    assert (c.device_id, c.device_field) == (VF, "runtimeConfig.deviceID")
+    assert error(runtimeConfig={"deviceID": "0000:af:06.3"}).startswith(
+        f'deviceID: "{VF}" disagrees with runtimeConfig.deviceID "0000:af:06.3"')
+
+
+def test_mtu() -> None:
+    assert conf().device.mtu == 0
+    assert conf(mtu=9000).device.mtu == 9000
+    assert conf(mtu=0).device.mtu == 0
+    assert error(mtu=67) == "mtu: 67 out of range [68, 65535] (0 or absent: the device's own)"
+    assert error(mtu="1500") == 'mtu: must be an integer, got "1500"'
 
 
 @pytest.mark.parametrize(("fields", "message"), [
