@@ -11,6 +11,7 @@ from cni import ifconfig
 from cni.device.records import Attachment
 from cni.device.statedir import DEFAULT_DIR
 from cni.errors import ConfigError
+from cni.plugins.rail import RailConf
 from cni.types import fields as f
 from cni.types.netconf import Request
 from cni.types.result import DNS
@@ -19,12 +20,14 @@ from cni.undo import Undo
 
 @dataclass(frozen=True)
 class DeviceConf:
-    """stateDir (absolute; the same for every network that shares devices), dad, dns, ipam."""
+    """stateDir (absolute; the same for every network that shares devices), dad, dns, ipam, and the
+    rail options (cni.plugins.rail)."""
 
     state_dir: str = DEFAULT_DIR
     dad: str = "on"
     dns: DNS = field(default_factory=DNS)
     ipam: dict[str, Any] | None = None
+    rail: RailConf = field(default_factory=RailConf)
 
     @staticmethod
     def from_request(req: Request) -> DeviceConf:
@@ -32,7 +35,7 @@ class DeviceConf:
         if not os.path.isabs(state_dir):
             raise ConfigError(f'stateDir: "{state_dir}" is not an absolute path')
         dad = f.choice(req.conf, "dad", "", ifconfig.DAD_MODES, "on")
-        return DeviceConf(state_dir, dad, req.dns(), req.ipam())
+        return DeviceConf(state_dir, dad, req.dns(), req.ipam(), RailConf.from_conf(req.conf, req.ifname))
 
 
 @dataclass(frozen=True)
