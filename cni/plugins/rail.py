@@ -144,11 +144,12 @@ def _apply_sysctls(ns_fd: int, conf: RailConf, name: str, undo: Undo) -> None:
     for key, value in wanted_sysctls(conf, name):
         old = sysctl.read(key)
         if old is None:
-            raise ConfigError(f"sysctl: net.{key.replace('/', '.')}: no such setting for {name}")
+            raise ConfigError(f"sysctl.net.{key.replace('/', '.')}: no such setting of {name}")
         try:
             sysctl.write(key, value, quiet=False)
         except OSError as e:
-            raise ConfigError(f"sysctl: net.{key.replace('/', '.')}={value}: {e.strerror}") from None
+            dotted = key.replace("/", ".")
+            raise ConfigError(f'sysctl.net.{dotted}: "{value}" refused: {e.strerror}') from None
         undo.push(f"restore {key}", _restore_sysctl, ns_fd, key, old)
 
 

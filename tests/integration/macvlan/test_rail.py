@@ -91,6 +91,24 @@ def test_del_leaves_other_rails_alone(env: Env) -> None:
     assert rules(env) == [] and table(env, 1234) == []
 
 
+def test_del_when_the_link_is_gone(env: Env) -> None:
+    """The rules of the interface's addresses go by prevResult when the link is no longer there (a
+    0.1.0/0.2.0 result names no interface: its addresses are the attachment's own)."""
+    conf = env.conf(rail=True)
+    result = env.add(conf)
+    sh("ip", "-n", os.path.basename(env.pod), "link", "del", "net1")
+    assert len(rules(env)) == 1
+    assert env.run("DEL", prev(conf, result)).ok
+    assert rules(env) == [] and rules(env, "-6") == []
+
+
+def test_sysctl_value_refused_by_the_kernel(env: Env) -> None:
+    error(env.run("ADD", env.conf(sysctl={"net.ipv4.conf.net1.arp_ignore": "nine"})), 7,
+          "sysctl.net.ipv4.conf.net1.arp_ignore", "nine")
+    assert "net1" not in env.pod_links()
+    assert env.allocations() == []
+
+
 def test_del_without_the_namespace(env: Env) -> None:
     conf = env.conf(rail=True)
     env.add(conf)
