@@ -11,17 +11,21 @@ each with its own uplink, one pod namespace:
 
 Every side uses Debian's host-local (a Go process per call) with a gateway. A figure is the median over
 the cycles of one run; the script makes `--runs` runs (default 3) and prints each run's medians and
-their median. A script, not a test.
+their median. Then the rail step alone, in this process (`cni.plugins.rail.apply` on a veth in a
+namespace, dual stack with a gateway; and the DEL's `remove`): what the option adds to the plugin's own
+work, without process start-up. A script, not a test.
 
     python -m tests.bench.rail [-n CYCLES] [--runs 3]     (root; needs `make bundle driver`)"""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,7 @@ from tests import agentutil
 from tests.bench.macvlan import one_cycle
 from tests.bench.warm import BUNDLE, Side, alternate, environ
 from tests.e2e import libcni
-from tests.nsutil import Topology, is_root
+from tests.nsutil import Topology, is_root, sh
 
 
 def conflist(master: str, data_dir: Path, *, rail: bool = False, chain: bool = False) -> dict[str, Any]:
@@ -98,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"run {run + 1}: ADD median ms: "
                           + ", ".join(f"{k} {v['add']:.1f}" for k, v in med.items()))
                 report(runs, args.cycles)
+                step_cost(topo, args.runs)
                 print("load average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
             finally:
                 agent.stop()
@@ -122,6 +127,52 @@ def report(runs: list[dict[str, dict[str, float]]], cycles: int) -> None:
           f"{final['pycni+rail']['add'] / final['Go+tuning+sbr']['add']:.2f}x, "
           f"pycni+agent+rail / Go+tuning+sbr: "
           f"{final['pycni+agent+rail']['add'] / final['Go+tuning+sbr']['add']:.2f}x")
+
+
+def step_cost(topo: Topology, runs: int, n: int = 50) -> None:
+    """The rail step alone, in process: apply (sysctls, 6 routes, 2 rules) then remove, `n` times."""
+    from cni import ifconfig, netns
+    from cni.netlink import links
+    from cni.netlink.socket import opened
+    from cni.plugins import rail
+    from cni.types.result import Interface, IPConfig, Result
+    from cni.undo import Undo
+
+    pod = topo.pod("st")
+    ns = os.path.basename(pod)
+    sh("ip", "-n", ns, "link", "add", "net1", "type", "veth", "peer", "name", "net1p")
+    sh("ip", "-n", ns, "link", "set", "net1p", "up")
+    fd = netns.open_netns(pod)
+    try:
+        with opened(fd) as nl:
+            link = links.get(nl, "net1")
+        assert link is not None
+        result = Result(interfaces=(Interface("net1", link.mac, pod),), ips=(
+            IPConfig(ipaddress.ip_interface("198.18.0.5/24"), ipaddress.ip_address("198.18.0.1"), 0),
+            IPConfig(ipaddress.ip_interface("2001:db8:1::5/64"), ipaddress.ip_address("2001:db8:1::1"), 0)))
+        ifconfig.configure(fd, link.index, result, dad="off", notify=False)
+        conf = rail.RailConf(rail=True)
+        medians: dict[str, list[float]] = {"apply": [], "remove": []}
+        for _ in range(runs):
+            took: dict[str, list[float]] = {"apply": [], "remove": []}
+            for _ in range(n):
+                start = time.perf_counter()
+                with Undo() as undo:
+                    rail.apply(fd, link.index, result, conf, "1.1.0", undo)
+                    undo.commit()
+                took["apply"].append((time.perf_counter() - start) * 1000)
+                start = time.perf_counter()
+                rail.remove(pod, "net1", result)
+                took["remove"].append((time.perf_counter() - start) * 1000)
+            for k, v in took.items():
+                medians[k].append(statistics.median(v))
+        print(f"\nThe rail step alone, in process (median of {runs} runs of {n}): "
+              f"apply {statistics.median(medians['apply']):.2f} ms (runs: "
+              + ", ".join(f"{x:.2f}" for x in medians["apply"])
+              + f"), remove {statistics.median(medians['remove']):.2f} ms (runs: "
+              + ", ".join(f"{x:.2f}" for x in medians["remove"]) + ")")
+    finally:
+        os.close(fd)
 
 
 if __name__ == "__main__":
