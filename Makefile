@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv lock check-repro deps lint typecheck unit e2e test demo bench bench-bundle bench-ipam bench-ipam-scale bench-warm bench-cluster driver bundle image clean fuzz
+.PHONY: all venv lock check-repro deps lint typecheck unit e2e test demo bench bench-bundle bench-ipam bench-ipam-scale bench-warm bench-rail bench-cluster driver bundle image clean fuzz
 all: venv
 
 # Every dependency, runtime, build and dev, is installed from the locks (exact versions and sha256
@@ -125,6 +125,11 @@ bench-ipam-scale: deps venv bundle
 
 bench-warm: deps venv driver bundle
 	$(PY) -m tests.bench.warm $(if $(N),-n $(N))
+
+# The `rail` option's cost: ADD with and without it, standalone and through the agent, against Debian's
+# macvlan and macvlan + tuning + sbr; median of three runs (tests/bench/rail.py; not a timed test).
+bench-rail: deps venv driver bundle
+	$(PY) -m tests.bench.rail $(if $(N),-n $(N))
 
 # Pod start-up on a real node (../shared/upstream kube-node-up + Multus): N pods x M macvlan+whereabouts
 # networks created at once, until all Running and all gone, for pycni with and without its agent, for

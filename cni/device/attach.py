@@ -22,7 +22,7 @@ from cni.errors import (
 )
 from cni.netlink import links
 from cni.netlink.socket import opened
-from cni.plugins import common
+from cni.plugins import common, rail
 from cni.types import valueclass
 from cni.types.netconf import Request, require_prev_result
 from cni.types.result import Interface, Result
@@ -144,6 +144,9 @@ def _attach(req: Request, conf: DeviceConf, recs: Records, att: Attachment, pod_
             faults.point("configure")
     elif index:
         move.set_up_in(pod_fd, index)
+    if index:
+        result = rail.apply(pod_fd, index, result, conf.rail, req.version, undo)
+        faults.point("rail")
     recs.save(replace(att, state="attached"))
     faults.point("record")
     return result
@@ -181,6 +184,7 @@ def check(req: Request, conf: DeviceConf) -> None:
             if conf.mtu and link.mtu != conf.mtu:
                 raise CheckError(f"{req.ifname}: MTU {link.mtu} does not match mtu {conf.mtu}")
             common.check_ips_and_routes(pod, link.index, req.ifname, prev, idx)
+        rail.check(pod_fd, link.index, req.ifname, prev, idx, conf.rail)
 
 
 def status(req: Request, conf: DeviceConf) -> None:

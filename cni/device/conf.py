@@ -11,6 +11,7 @@ from cni import ifconfig
 from cni.device.records import Attachment
 from cni.device.statedir import DEFAULT_DIR
 from cni.errors import ConfigError
+from cni.plugins.rail import RailConf
 from cni.types import fields as f
 from cni.types.netconf import Request
 from cni.types.result import DNS
@@ -23,13 +24,15 @@ MAX_MTU = 65535  # the device's own maximum is the kernel's to check, at ADD
 @dataclass(frozen=True)
 class DeviceConf:
     """stateDir (absolute; the same for every network that shares devices), dad, dns, ipam, and the
-    pod-side MTU (0: the device's own; what users chain `tuning` for, which a lone plugin cannot)."""
+    pod-side MTU (0: the device's own; what users chain `tuning` for, which a lone plugin cannot), its
+    rail options (cni.plugins.rail)."""
 
     state_dir: str = DEFAULT_DIR
     dad: str = "on"
     dns: DNS = field(default_factory=DNS)
     ipam: dict[str, Any] | None = None
     mtu: int = 0
+    rail: RailConf = field(default_factory=RailConf)
 
     @staticmethod
     def from_request(req: Request) -> DeviceConf:
@@ -41,7 +44,8 @@ class DeviceConf:
         if mtu and not MIN_MTU <= mtu <= MAX_MTU:
             raise ConfigError(f"mtu: {mtu} out of range [{MIN_MTU}, {MAX_MTU}] "
                               "(0 or absent: the device's own)")
-        return DeviceConf(state_dir, dad, req.dns(), req.ipam(), mtu)
+        rails = RailConf.from_conf(req.conf, req.ifname)
+        return DeviceConf(state_dir, dad, req.dns(), req.ipam(), mtu, rails)
 
 
 @dataclass(frozen=True)

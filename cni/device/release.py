@@ -14,11 +14,13 @@ from cni.device import move
 from cni.device.conf import DeviceConf, Hooks, hooks_for
 from cni.device.records import Attachment, Records, netns_id, same_attachment
 from cni.errors import CniError, NetnsError
+from cni.plugins import rail
 from cni.types.netconf import Request
 
 
 def delete(req: Request, conf: DeviceConf) -> None:
     recs = Records(conf.state_dir)
+    rail.remove_for(req)  # while the device is still in the pod
     att = recs.load(req.container_id, req.ifname)
     failure: CniError | None = None
     if att is None:

@@ -1,4 +1,4 @@
-"""Routes: add (ECMP append like the reference), list, find the default route's interface."""
+"""Routes: add (ECMP append like the reference), delete, list, find the default route's interface."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from cni.types.valueclass import valueclass
 
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 RT_TABLE_MAIN, RTPROT_BOOT, RTN_UNICAST = 254, 3, 1
+RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_NOWHERE = 0, 253, 255
 
 
 @valueclass
@@ -56,6 +57,25 @@ def add(
         attrs.append(nla.nested(RTA_METRICS, *metrics))
     msg = nla.Message(header, b"".join(attrs), _decode)
     nl.request(msg, RTM_NEWROUTE, NLM_F_CREATE | NLM_F_APPEND, f"add route {dst} via {gw or 'link'}")
+
+
+def delete(
+    nl: Netlink,
+    dst: ipaddress.IPv4Network | ipaddress.IPv6Network,
+    gw: ipaddress.IPv4Address | ipaddress.IPv6Address | None,
+    oif: int,
+    table: int,
+) -> None:
+    """The route to `dst` via `gw` on `oif` in `table`, whatever its scope and protocol (as `ip route
+    del`); ESRCH when there is none."""
+    family = socket.AF_INET if dst.version == 4 else socket.AF_INET6
+    header = RTMSG.pack(family, dst.prefixlen, 0, 0, table if table < 256 else 0, 0, RT_SCOPE_NOWHERE, 0, 0)
+    attrs = [nla.ip(RTA_DST, str(dst.network_address)), nla.u32(RTA_OIF, oif)]
+    if gw is not None:
+        attrs.append(nla.ip(RTA_GATEWAY, str(gw)))
+    attrs.append(nla.u32(RTA_TABLE, table))
+    msg = nla.Message(header, b"".join(attrs), _decode)
+    nl.request(msg, RTM_DELROUTE, 0, f"delete route {dst} via {gw or 'link'} table {table}")
 
 
 def _decode(chunk: bytes) -> KRoute | None:

@@ -49,9 +49,12 @@ def check_ips_and_routes(nl: Netlink, index: int, name: str, prev: Result, iface
         if ip.gateway is not None:
             gateways[ip.version] = ip.gateway
     for r in prev.routes:
-        gw = r.gw if r.gw is not None else gateways.get(r.dst.version)
-        if not any(k.dst == r.dst and (gw is None or k.gw == gw) for k in have):
-            raise CheckError(f"{name}: route {r.dst} via {gw or 'link'} from prevResult is missing")
+        # a route in a table of its own (a rail's) has its gateway spelt out: none means on-link
+        gw = r.gw if r.gw is not None or r.table is not None else gateways.get(r.dst.version)
+        if not any(k.dst == r.dst and (gw is None or k.gw == gw) and r.table in (None, k.table)
+                   for k in have):
+            where = f" table {r.table}" if r.table is not None else ""
+            raise CheckError(f"{name}: route {r.dst} via {gw or 'link'}{where} from prevResult is missing")
 
 
 def opt_bool(conf: dict[str, Any], key: str, default: bool = False) -> bool:

@@ -15,7 +15,7 @@ from cni.errors import (
 )
 from cni.netlink import links, routes
 from cni.netlink.socket import EEXIST, Netlink, NetlinkError, opened
-from cni.plugins import common
+from cni.plugins import common, rail
 from cni.types import fields as f
 from cni.types.netconf import Request, requested_mac, require_prev_result
 from cni.types.result import DNS, Interface, Result
@@ -43,6 +43,7 @@ class MacvlanConf:
     dad: str = "on"
     dns: DNS = field(default_factory=DNS)
     ipam: dict[str, Any] | None = None
+    rail: rail.RailConf = field(default_factory=rail.RailConf)
 
     @staticmethod
     def from_request(req: Request) -> MacvlanConf:
@@ -65,6 +66,7 @@ class MacvlanConf:
             dad=f.choice(c, "dad", "", ifconfig.DAD_MODES, "on"),
             dns=req.dns(),
             ipam=req.ipam(),
+            rail=rail.RailConf.from_conf(c, req.ifname),
         )
 
 
@@ -140,8 +142,10 @@ def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl
         iface = Interface(name=req.ifname, mac=link.mac, sandbox=req.netns, mtu=link.mtu)
         if conf.ipam is None:
             links.set_up(pod_nl, link.index)
+            result = rail.apply(ns_fd, link.index, Result(interfaces=(iface,), dns=conf.dns), conf.rail,
+                                req.version, undo)
             undo.commit()
-            return Result(interfaces=(iface,), dns=conf.dns)
+            return result
         # pushed first: the spec asks for a DEL after a failed ADD too, and an IPAM that exited 0 with
         # output we cannot use may still hold an allocation
         undo.push("release the IPAM allocation", _release_after_failed_add, req)
@@ -153,6 +157,8 @@ def _add(req: Request, conf: MacvlanConf, ns_fd: int, pod_nl: Netlink, master_nl
         result = replace(ipam_result.with_interface(iface), dns=conf.dns)
         ifconfig.configure(ns_fd, link.index, result, dad=conf.dad)
         faults.point("configure")
+        result = rail.apply(ns_fd, link.index, result, conf.rail, req.version, undo)
+        faults.point("rail")
         undo.commit()
     log.info(
         "ADD %s/%s: macvlan on %s, %d address(es)", req.container_id, req.ifname, master.name, len(result.ips)
@@ -195,6 +201,7 @@ def delete(req: Request) -> None:
     can ever reach that link, and the address must not leak (the reference releases first too)."""
     common.setup_logging(req.conf, "macvlan")
     unreachable: NetnsError | None = None
+    rail.remove_for(req)
     try:
         _delete_link(req)
     except NetnsGoneError as e:
@@ -242,6 +249,7 @@ def check(req: Request) -> None:
             raise CheckError(f"{req.ifname}: not found in {req.netns}")
         _check_link(link, conf, iface, master)
         common.check_ips_and_routes(pod_nl, link.index, req.ifname, prev, idx)
+        rail.check(ns_fd, link.index, req.ifname, prev, idx, conf.rail)
 
 
 def _check_link(link: links.Link, conf: MacvlanConf, iface: Interface, master: links.Link) -> None:

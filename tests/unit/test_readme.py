@@ -17,14 +17,19 @@ README = (REPO / "README.md").read_text(encoding="utf-8")
 EXAMPLES = REPO / "conf-examples" / "kubernetes"
 
 
-def readme_nads() -> dict[str, dict[str, Any]]:
-    """The NADs of README.md's yaml blocks, by name."""
-    docs = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", README, re.S)]
+def section(title: str) -> str:
+    return README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def readme_nads(text: str = README) -> dict[str, dict[str, Any]]:
+    """The NADs of the yaml blocks of README.md (or of a part of it), by name."""
+    docs = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", text, re.S)]
     return {d["metadata"]["name"]: d for d in docs
             if isinstance(d, dict) and d.get("kind") == "NetworkAttachmentDefinition"}
 
 
-@pytest.mark.parametrize("name", ["roce-shared-macvlan.yaml", "sriov-vf.yaml", "hostdevice-pf.yaml"])
+@pytest.mark.parametrize("name", ["roce-shared-macvlan.yaml", "sriov-vf.yaml", "hostdevice-pf.yaml",
+                                  "rail-macvlan.yaml", "rail-sriov.yaml", "rail-hostdevice.yaml"])
 def test_readme_nad_is_the_example(name: str) -> None:
     example = yaml.safe_load((EXAMPLES / name).read_text(encoding="utf-8"))
     shown = readme_nads().get(example["metadata"]["name"])
@@ -35,8 +40,10 @@ def test_readme_nad_is_the_example(name: str) -> None:
     assert json.loads(shown["spec"]["config"]) == json.loads(example["spec"]["config"])
 
 
-def test_readme_shows_one_nad_per_model() -> None:
-    types = sorted(json.loads(nad["spec"]["config"])["type"] for nad in readme_nads().values())
+@pytest.mark.parametrize("title", ["The three models", "Multi-rail pods"])
+def test_readme_shows_one_nad_per_model(title: str) -> None:
+    nads = readme_nads(section(title)).values()
+    types = sorted(json.loads(nad["spec"]["config"])["type"] for nad in nads)
     assert types == ["host-device", "macvlan", "sriov"]
 
 
