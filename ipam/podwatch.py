@@ -143,6 +143,7 @@ class PodWatch:
         metrics.sink().watch_event(kind)
         if kind == "ERROR":
             if obj.get("code") == 410:
+                metrics.sink().watch_event("GONE")
                 self.version = ""
                 return False
             code, reason = int(obj.get("code") or 500), str(obj.get("reason", ""))

@@ -136,9 +136,10 @@ def start_pod_watch(spec: str, env: dict[str, str] | os._Environ[str] = os.envir
             except NotKubernetes as e:
                 say(f"pod watch off: the node's store is {e}, not kubernetes (the reconciler frees)")
                 return
-            except ConfigError as e:
+            except Exception as e:  # no flat file yet, a kubeconfig that cannot be used yet: again later
                 if not told:
-                    say(f"pod watch: no store yet ({e.msg}); looking again every {every:g} s")
+                    why = e.msg if isinstance(e, ConfigError) else str(e) or type(e).__name__
+                    say(f"pod watch: not started ({why}); trying again every {every:g} s")
                     told = True
                 stop.wait(every)
                 continue

@@ -271,3 +271,28 @@ def test_the_agent_watches_its_nodes_pods_and_exports_what_the_watch_did(
     assert value(got, "pycni_podwatch_requests_total", verb="list") == 1  # the node's pods, once
     assert value(got, "pycni_podwatch_sweep_errors_total") == 0
     assert f"{ns}/web-1" in agent.log.read_text()
+
+
+def test_a_restarted_watch_frees_what_this_node_recorded_for_pods_gone_meanwhile(
+        tenant: Tenant, tmp_path: Path) -> None:
+    """The agent was down while a pod went: its first list no longer has the pod, so the entries this
+    node recorded for it are judged (GET: gone) and freed; another node's entry for a pod that does not
+    exist either is left to the reconciler, and a listed pod's entries stay."""
+    ns, node = tenant.namespace, node_of(tenant)
+    uid = tenant.create_pod("web-2", node=node)["metadata"]["uid"]
+    went = entry(tenant, "web-1", "uid-went")
+    elsewhere = Allocation("c-x", f"{ns}/web-9", "net1", "uid-9", "netA", "another-node")
+    seed(tenant, {NET_A: {"5": went, "6": entry(tenant, "web-2", uid), "7": elsewhere}},
+         {"198.51.100.5": went})
+    swept = Swept()
+    w = opened(tenant, tmp_path, swept)
+    w.start()
+    try:
+        with swept.cond:
+            assert swept.cond.wait_for(lambda: bool(swept.done), WAIT)
+        job, report, _ = swept.done[0]
+    finally:
+        w.close()
+    assert job.listed == {(ns, "web-2"): uid} and report.freed == 2, report
+    assert owners(tenant) == {pool_name(NET_A): {("6", f"{ns}/web-2"), ("7", f"{ns}/web-9")},
+                              "reservations": set()}

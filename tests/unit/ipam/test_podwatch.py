@@ -5,6 +5,7 @@ watch loop handles events, 410 Gone, dropped connections and relists (a scripted
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -229,3 +230,25 @@ def test_other_stores_are_not_watched(tmp_path: Any, datastore: str) -> None:
     flat.write_text(f'{{"datastore": "{datastore}", {extra}}}')
     with pytest.raises(podwatch.NotKubernetes):
         podwatch.open_pod_watch("node-a", str(flat))
+
+
+def test_the_agent_starts_the_watch_only_with_a_node_name_and_a_kubernetes_store(
+        tmp_path: Any, capfd: pytest.CaptureFixture[str]) -> None:
+    from cni.agent.main import start_pod_watch
+
+    assert start_pod_watch("off", {"NODENAME": "node-a"}) is None
+    assert start_pod_watch("auto", {}) is None
+    assert start_pod_watch(str(tmp_path / "none.conf"), {}) is None  # a path, but no node name
+    assert "pod watch off (no NODENAME)" in capfd.readouterr().err
+    flat = tmp_path / "whereabouts.conf"
+    flat.write_text('{"datastore": "local", "local_db": "/nonexistent/x.db"}')
+    stop = start_pod_watch(str(flat), {"NODENAME": "node-a"}, every=0.01)
+    assert stop is not None
+    deadline = time.monotonic() + 60
+    err = ""
+    while "not kubernetes" not in err:  # said by the opener thread, once it read the flat file
+        assert time.monotonic() < deadline, err
+        time.sleep(0.01)
+        err += capfd.readouterr().err
+    assert "the node's store is local" in err
+    stop.set()
