@@ -181,12 +181,16 @@ class PodWatch:
                     self.version = ""
                     metrics.sink().watch_event("GONE")
                     continue
-                log.warning("pod watch on node %s: %s (again in %.1f s)", self.node, e, delay)
+                self._failed(e, delay)
             except (Unreachable, CniError, OSError, ValueError) as e:
-                log.warning("pod watch on node %s: %s (again in %.1f s)", self.node, e, delay)
+                self._failed(e, delay)
             if self.stop.wait(delay):
                 return
             delay = min(delay * 2, self.backoff[1])
+
+    def _failed(self, e: Exception, delay: float) -> None:
+        if not self.stop.is_set():  # closing ends the watch's read: not worth a line
+            log.warning("pod watch on node %s: %s (again in %.1f s)", self.node, e, delay)
 
     # the sweeper
 

@@ -160,10 +160,10 @@ def test_a_deleted_pods_entries_and_reservation_are_freed_and_a_live_pods_kept(
         sweep_requests = counted.requests[before:]
     finally:
         w.close()
-    # LIST pools, LIST reservations (each a "get" here), a GET and a PATCH of each pool holding an entry
-    # (the store guards a patch with the pool as read: ipam/store/kube.py), a GET of the pool holding each
-    # reservation's address and its DELETE; no GET of the pod (every entry had its UID)
-    assert sorted(sweep_requests) == sorted(["get"] * 2 + ["get", "patch"] * 2 + ["get", "delete"] * 2), repr(
+    # LIST pools, LIST reservations (each a "get" here), a PATCH of each pool holding an entry (guarded
+    # with the pool as listed), a GET of the pool holding each reservation's address (afresh) and its
+    # DELETE; no GET of the pod (every entry had its UID)
+    assert sorted(sweep_requests) == sorted(["get"] * 2 + ["patch"] * 2 + ["get", "delete"] * 2), repr(
         sweep_requests)
     assert counted.events.count("DELETED") == 1
     print(f"\npod watch: freed in {took * 1000:.0f} ms after the DELETE, {len(sweep_requests)} requests")
