@@ -11,9 +11,10 @@ leader election and no cluster-wide pod cache.
   ipam.removal) that judges only the entries naming those pods: an entry recording the deleted UID is
   freed at once; one without a UID, or with another UID (a pod of the same name: StatefulSets), is
   judged by a GET of the pod by name, as the reconciler does. Entries of every other pod are kept
-  without a request. Request count of a sweep: one LIST of the pools and one of the reservations (paged),
-  a PATCH per pool holding a freed entry, a GET of that pool and a DELETE per freed reservation, and a GET
-  per deleted pod only for entries without its UID (docs/benchmarks.md has the measured figures).
+  without a request. Requests of a sweep: one LIST of the pools and one of the reservations (paged), a
+  PATCH per pool holding a freed entry (guarded with the pool as listed), a GET of the pool holding a
+  reservation's address and the reservation's DELETE, and a GET per deleted pod when an entry lacks its
+  UID (lean pool entries do: the reservation holds it). A dual-stack pod: 9 (docs/benchmarks.md).
 - **Start-up**: the first LIST is compared with the pools: entries recorded by this node whose pod is not
   among its listed pods (same UID) are judged by GET; deletions missed while the agent was down are freed
   then. The periodic reconciler stays the safety net for anything else (a watch that cannot be opened,
