@@ -122,6 +122,21 @@ class AgentExporter(Exporter):
                                "Store operations attempted again, by reason (conflict: a compare-and-swap "
                                "write lost; busy, unavailable: the store; again: a candidate taken).",
                                ["store", "reason"], registry=reg)
+        self.watch_events = Counter("pycni_podwatch_events_total",
+                                    "Events of the watch on this node's pods, by type (GONE: a 410, listed "
+                                    "again).", ["type"], registry=reg)
+        self.watch_requests = Counter("pycni_podwatch_requests_total",
+                                      "API requests of the pod watch and its sweeps, by verb (list, watch, "
+                                      "get, patch, delete).", ["verb"], registry=reg)
+        self.watch_sweeps = Histogram("pycni_podwatch_sweep_duration_seconds",
+                                      "Sweeps freeing what deleted pods held.", buckets=CALL_BUCKETS,
+                                      registry=reg)
+        self.watch_failed = Counter("pycni_podwatch_sweep_errors_total",
+                                    "Sweeps that failed or gave up on a pool (the reconciler frees later).",
+                                    registry=reg)
+        self.watch_freed = Counter("pycni_podwatch_freed_total",
+                                   "Allocations and reservations of deleted pods freed by the pod watch.",
+                                   registry=reg)
 
     def attach(self, plugin: str, command: str, seconds: float, code: int) -> None:
         p, c = plugin_label(plugin), command_label(command)
@@ -146,6 +161,20 @@ class AgentExporter(Exporter):
 
     def retry(self, store: str, reason: str) -> None:
         self.retries.labels(store, reason).inc()
+
+    def watch_event(self, kind: str) -> None:
+        known = ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR", "GONE")
+        self.watch_events.labels(kind if kind in known else "other").inc()
+
+    def watch_request(self, verb: str) -> None:
+        known = ("list", "watch", "get", "patch", "delete", "put", "post")
+        self.watch_requests.labels(verb if verb in known else "other").inc()
+
+    def watch_swept(self, seconds: float, ok: bool, freed: int) -> None:
+        self.watch_sweeps.observe(seconds)
+        if not ok:
+            self.watch_failed.inc()
+        self.watch_freed.inc(freed)
 
 
 class ReconcilerExporter(Exporter):

@@ -51,6 +51,15 @@ class Sink:
     def reconciled(self, seconds: float, ok: bool, freed: dict[str, int]) -> None:
         """One reconcile run; freed: kind (allocation, reservation) -> count."""
 
+    def watch_event(self, kind: str) -> None:
+        """An event of the agent's pod watch (ADDED, MODIFIED, DELETED, BOOKMARK, ERROR; GONE: a 410)."""
+
+    def watch_request(self, verb: str) -> None:
+        """A request the pod watch made: list, watch (of pods), and its sweeps' get, patch, delete."""
+
+    def watch_swept(self, seconds: float, ok: bool, freed: int) -> None:
+        """One sweep of the pod watch: entries and reservations of deleted pods freed."""
+
 
 _NULL = Sink()
 

@@ -23,6 +23,7 @@ from ipam.tls import connect as tls_connect
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from urllib.parse import SplitResult
 
 MAX_LINE = 65536  # a status or header line, a chunk-size line
@@ -163,6 +164,17 @@ class Connection:
             self._sock.close()
             self._sock = self._in = None
 
+    def interrupt(self) -> None:
+        """End the connection from another thread: a read waiting on it returns at once (an end of
+        file: Closed or BadAnswer), where close() alone would leave it waiting."""
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            return  # not connected any more
+
     def request(
         self, method: str, path: str, body: bytes | None, headers: dict[str, str]
     ) -> tuple[int, bytes]:
@@ -191,6 +203,28 @@ class Connection:
                 self.close()
                 raise
         raise AssertionError("unreachable")
+
+    def stream(self, path: str, headers: dict[str, str]) -> tuple[int, Iterator[bytes]]:
+        """A GET whose answer is read as it comes, line by line (a Kubernetes watch: one JSON event a line):
+        (status, the body's non-empty lines). Always on a fresh connection, closed once the body ends or
+        by the caller's `close()` when it stops reading early (never reused mid-answer). Each read waits
+        at most the read timeout (SlowAnswer); the lines of an error answer are its body."""
+        target = self.prefix + path
+        if self.proxy is not None and self.scheme == "http":
+            target = f"http://{self.authority}{target}"
+        self.close()  # a fresh connection: a watch is long, and a request on it is never sent twice
+        sock, reader = self._open()
+        try:
+            sock.sendall(_message("GET", target, self.authority, None, headers))
+            status, fields = _head(reader)
+        except TimeoutError as e:
+            self.close()
+            raise SlowAnswer(*e.args) from None
+        except BaseException:
+            self.close()
+            raise
+        chunked = "chunked" in fields.get("transfer-encoding", "").lower()
+        return status, _lines(self, reader, chunked, fields.get("content-length"))
 
     def _open(self) -> tuple[Socket, _Reader]:
         if self._sock is not None and self._in is not None:
@@ -349,3 +383,46 @@ def describe(e: BaseException) -> str:
     if isinstance(e, OSError) and e.strerror:
         return e.strerror
     return str(e) or type(e).__name__
+
+
+def _head(reader: _Reader) -> tuple[int, dict[str, str]]:
+    while True:
+        line = reader.line()
+        if not line:
+            raise Closed("the server closed the connection without an answer")
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise BadAnswer(f"not an HTTP/1.x status line: {line[:80]!r}")
+        status, fields = int(parts[1]), _fields(reader)
+        if not 100 <= status < 200:
+            return status, fields
+
+
+def _lines(conn: Connection, reader: _Reader, chunked: bool, length: str | None) -> Iterator[bytes]:
+    pending = bytearray()
+    try:
+        if not chunked:
+            body = reader.exact(int(length)) if length and length.isdigit() else reader.rest()
+            yield from (line for line in body.splitlines() if line.strip())
+            return
+        while True:
+            size_line = reader.line().split(b";", 1)[0].strip()
+            try:
+                size = int(size_line, 16)
+            except ValueError:
+                raise BadAnswer(f"bad chunk size {size_line[:20]!r}") from None
+            if size == 0:
+                if pending.strip():
+                    yield bytes(pending)
+                return
+            pending += reader.exact(size)
+            reader.exact(2)
+            while (end := pending.find(b"\n")) >= 0:
+                line = bytes(pending[:end])
+                del pending[: end + 1]
+                if line.strip():
+                    yield line
+    except TimeoutError as e:
+        raise SlowAnswer(*e.args) from None
+    finally:
+        conn.close()

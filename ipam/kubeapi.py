@@ -37,6 +37,7 @@ from ipam.tls import Context, client_context, skip_verify
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from typing import Any
 
 DEFAULT_NAMESPACE = "kube-system"  # upstream whereabouts' default (wbNamespaceFromCtx)
@@ -315,6 +316,43 @@ class Client:
         if not isinstance(doc, dict):
             raise ApiError(status, "BadResponse", f"{method} {path}: expected a JSON object")
         return doc
+
+    def watch(self, path: str, query: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """A watch (`watch=1` added to `query`): its events ({"type", "object"}) as they come, until the
+        server ends the answer. ApiError for an error status (410 Gone: a resourceVersion too old),
+        Unreachable when the connection fails or a read waits longer than the read timeout (set it
+        above the watch's timeoutSeconds). A 401 re-reads the credentials once, as `request`."""
+        target = self.target(path, {**(query or {}), "watch": "1"})
+        for attempt in (0, 1):
+            headers = {"Accept": "application/json", "User-Agent": "pycni-agent"}
+            if self._auth:
+                headers["Authorization"] = self._auth
+            try:
+                status, lines = self.http.stream(target, headers)
+                if status == 401 and attempt == 0 and (self.conf.token_file or self.conf.exec is not None):
+                    self.http.close()
+                    self._authorize()
+                    continue
+                if status >= 400:
+                    data = b"".join(lines)
+                    try:
+                        doc = jsonio.loads(data, f"GET {path}") if data else {}
+                    except Exception:
+                        doc = {}
+                    doc = doc if isinstance(doc, dict) else {}
+                    raise ApiError(status, str(doc.get("reason", "")),
+                                   str(doc.get("message", "")) or data[:200].decode(errors="replace"))
+                for line in lines:
+                    event = jsonio.loads(line, f"watch {path}")
+                    if isinstance(event, dict):
+                        yield event
+                return
+            except SlowAnswer as e:
+                raise Busy(f"{self.conf.server}: {describe(e)}") from None
+            except OSError as e:
+                raise Unreachable(f"{self.conf.server}: {describe(e)}") from None
+            finally:
+                self.http.close()
 
     def _send(self, method: str, target: str, body: Any, content_type: str = "") -> tuple[int, bytes]:
         headers = {"Accept": "application/json", "User-Agent": "pycni-ipam"}

@@ -31,6 +31,10 @@ RULES: dict[str, tuple[Rule, ...]] = {
         # node slices (ipam.nodeslice): read this network's NodeSlicePool; where no node-slice-controller
         # made it or assigned this node, create it or take a free slice (compare-and-swap: update)
         Rule(WHEREABOUTS, "nodeslicepools", ("get", "create", "update"), namespaced=True),
+        # the agent's pod watch (ipam.podwatch): list and watch the pods of its node (fieldSelector
+        # spec.nodeName; RBAC cannot hold it to that: docs/kubernetes-objects.md), GET a deleted pod's
+        # name when an entry has no UID or another one. Its sweeps free with the verbs above.
+        Rule("", "pods", ("get", "list", "watch"), namespaced=False),
     ),
     RECONCILER: (
         # the reconciler and the operator CLI (pools, show, release): page through pools, free entries

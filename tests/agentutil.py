@@ -56,14 +56,14 @@ class Agent:
     """One agent process on `fifo`, logging to `log` (appended across restarts). Its metrics endpoint is
     on a free port of 127.0.0.1 (never the node default, which another agent may hold): `metrics_url`."""
 
-    def __init__(self, fifo: Path, log: Path, *args: str) -> None:
-        self.fifo, self.log = fifo, log
+    def __init__(self, fifo: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.fifo, self.log, self.env = fifo, log, env or {}
         has_metrics = any(a == "--metrics" or a.startswith("--metrics=") for a in args)
         self.args = args if has_metrics else ("--metrics=127.0.0.1:0", *args)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Agent:
-        env = {**os.environ, "PYTHONPATH": PYTHONPATH}
+        env = {**os.environ, "PYTHONPATH": PYTHONPATH, **self.env}
         with open(self.log, "ab") as fh:
             self.proc = subprocess.Popen([*command(), "--fifo", str(self.fifo), *self.args],
                                          stdout=fh, stderr=fh, env=env, cwd="/")

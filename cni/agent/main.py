@@ -23,6 +23,7 @@ METRICS_ENV = "PYCNI_METRICS"
 DEFER_WRITES = 0.5  # == ipam.batch.DEFER, without importing it
 DEFAULT_METRICS = "127.0.0.1:9736"  # == cni.exporter.default_address(AGENT), without importing it
 BIND_RETRY = 5.0  # seconds between attempts to bind a metrics address that was taken
+WATCH_RETRY = 5.0  # seconds between looks for the flat file the pod watch needs
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -47,6 +48,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--defer-idle", type=float, default=None, metavar="SECONDS",
                     help="deferred writes: a window ends once no call has arrived for this long "
                          "(default 0.5)")
+    ap.add_argument("--pod-watch", default="auto", metavar="auto|off|PATH",
+                    help="watch this node's pods (NODENAME) and free what deleted pods held, on the "
+                         "Kubernetes store of the node's flat file (PATH: that file or its directory; "
+                         "auto: where the plugin finds it, when NODENAME is set; default auto)")
     args = ap.parse_args(argv)
     if not 0 <= args.defer_writes <= 60:
         ap.error("--defer-writes: between 0 and 60 seconds")
@@ -102,6 +107,52 @@ def serve_metrics(where: tuple[str, int] | None, build: str, every: float = BIND
         threading.Thread(target=keep_trying, name="metrics-bind", daemon=True).start()
 
 
+def start_pod_watch(spec: str, env: dict[str, str] | os._Environ[str] = os.environ,
+                    every: float = WATCH_RETRY) -> threading.Event | None:  # fmt: skip
+    """Start the pod watch (ipam.podwatch) in the background, unless `spec` is off or no NODENAME is set
+    (auto). Until the flat file names a store (the installer writes it next to us) it is looked for
+    every `every` seconds; a store other than Kubernetes ends it (logged: the reconciler frees then).
+    The event stops it. It never holds up or fails a plugin call: its own threads, its own clients."""
+    from cni.agent.server import say
+
+    node = env.get("NODENAME", "")
+    if spec == "off" or (spec == "auto" and not node):
+        say("pod watch off" + ("" if spec == "off" else " (no NODENAME)"))
+        return None
+    if not node:
+        say("pod watch off: NODENAME is not set")
+        return None
+    path = "" if spec == "auto" else spec
+    stop = threading.Event()
+
+    def opener() -> None:
+        from cni.errors import ConfigError
+        from ipam.podwatch import NotKubernetes, open_pod_watch
+
+        told = False
+        while not stop.is_set():
+            try:
+                watch = open_pod_watch(node, path, say)
+            except NotKubernetes as e:
+                say(f"pod watch off: the node's store is {e}, not kubernetes (the reconciler frees)")
+                return
+            except Exception as e:  # no flat file yet, a kubeconfig that cannot be used yet: again later
+                if not told:
+                    why = e.msg if isinstance(e, ConfigError) else str(e) or type(e).__name__
+                    say(f"pod watch: not started ({why}); trying again every {every:g} s")
+                    told = True
+                stop.wait(every)
+                continue
+            say(f"pod watch on node {node}")
+            watch.start()
+            stop.wait()
+            watch.close()
+            return
+
+    threading.Thread(target=opener, name="pod-watch-open", daemon=True).start()
+    return stop
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     from cni.agent.server import Agent, say, warm
@@ -122,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"cannot serve {args.fifo}: {e.strerror or e}")
         return 1
     serve_metrics(args.metrics, build_id())
+    watching = start_pod_watch(args.pod_watch)
 
     def stop(*_: Any) -> None:
         agent.stop()
@@ -130,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     agent.serve(args.grace)
+    if watching is not None:
+        watching.set()
     from ipam.store.handles import settle
 
     if not settle(remaining(args.grace, agent.stopped_at)):  # answered calls, pool write to come

@@ -194,8 +194,12 @@ class KubeStore(Store):
         return str(version)
 
     def iter_pools(self) -> Iterator[Pool]:
+        """Every pool, as listed; each is kept as a snapshot (`_keep`), so a commit computed from the pool
+        just yielded (the reconciler's, the pod watch's) needs no GET first."""
         for obj in self._list(POOLS):
-            yield crd.pool_from_object(obj)
+            pool = crd.pool_from_object(obj)
+            self._keep(obj, pool)
+            yield pool
 
     # ---- reservations -----------------------------------------------------------------------------
 

@@ -248,6 +248,9 @@ def overlay_changes(cluster: Cluster, tag: str) -> list[tuple[str, str, Any, str
          "the agent sees host paths at the same paths: the conf dir (flat file, kubeconfig, token)"),
         ("replace", f"{spec}/containers/1/volumeMounts/4/mountPath", str(cluster.state_dir),
          "the agent sees host paths at the same paths: the state dir"),
+        ("add", f"{spec}/containers/1/command/-", f"--pod-watch={conf}/whereabouts.d/whereabouts.conf",
+         "the agent's pod watch reads the flat file where this node's conf dir is (not at the default "
+         "/etc/cni/net.d, where it would look by itself)"),
     ]
 
 

@@ -9,6 +9,8 @@ import json
 import re
 import subprocess
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -212,3 +214,34 @@ def freed_count(said: str) -> int:
     """How many entries and reservations the runs in `said` freed in all (each is freed by one run: the
     others' compare-and-swap finds it gone)."""
     return sum(int(n) for n in re.findall(r"^freed (\d+) of \d+; kept \d+; left alone \d+$", said, re.M))
+
+
+def agent_metrics(node: kubenode.Cluster, family: str) -> dict[str, float]:
+    """{label value: sample} of one single-label counter family of the node's agent (e.g.
+    pycni_podwatch_requests_total by verb), scraped from the node's address as Prometheus would."""
+    url = f"http://{node.env['NODE_IP']}:9736/metrics"
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=10) as resp:
+        text = resp.read().decode()
+    pattern = rf'^{re.escape(family)}(?:\{{\w+="([^"]*)"\}})? (\S+)$'
+    return {m.group(1) or "": float(m.group(2)) for m in re.finditer(pattern, text, re.M)}
+
+
+def agent_container(node: kubenode.Cluster) -> str:
+    """The containerd ID of the node's running pycni agent container."""
+    pods = node.get("-n", kubenode.NS, "pods", "-l", "app.kubernetes.io/name=pycni-node")["items"]
+    (status,) = (s for p in pods if p["status"].get("phase") == "Running"
+                 for s in p["status"]["containerStatuses"] if s["name"] == "agent")
+    return str(status["containerID"]).removeprefix("containerd://")
+
+
+@contextmanager
+def frozen(node: kubenode.Cluster, container: str) -> Iterator[None]:
+    """A container paused for the block (cgroup freezer: `ctr tasks pause`), resumed after it, also on
+    failure: the agent, so that its pod watch frees nothing meanwhile (tests of the reconciler; only
+    while the kubelet is stopped: a plugin call would wait for a frozen agent), or the reconciler, so
+    that its periodic run frees nothing meanwhile (tests of the pod watch)."""
+    node.ctr("tasks", "pause", container)
+    try:
+        yield
+    finally:
+        node.ctr("tasks", "resume", container)

@@ -27,8 +27,9 @@ allocated for `ours-1`.
 
 Then pycni's DaemonSet replaces upstream's again (upstream's DaemonSet deleted, `kubectl apply -k` of the
 same overlay): `up-1` keeps working (a new pycni pod reaches it); with the kubelet stopped `up-gone` is
-force-deleted and pycni's reconciler (its Deployment's command, run once in its container) frees exactly
-upstream's entries and reservations of it, no live pod's; pycni's DEL releases what upstream allocated for
+force-deleted and pycni's reconciler (its Deployment's command, run once in its container; pycni's agent,
+whose pod watch would free them first, frozen meanwhile) frees exactly upstream's entries and
+reservations of it, no live pod's; pycni's DEL releases what upstream allocated for
 `up-1`. The upstream node as it was just before that install becomes the state the uninstall test must give
 back (upstream's binary, flat file, kubeconfig and nodename file included: the installer keeps what
 it displaced).
@@ -62,9 +63,11 @@ from tests.cluster.pods import (
     Net,
     addresses,
     addresses_once_served,
+    agent_container,
     force_delete,
     freed_count,
     freed_lines,
+    frozen,
     held_by,
     now,
     pinged,
@@ -315,7 +318,8 @@ def test_pods_move_from_pycni_to_upstream_whereabouts_and_back_on_a_live_node(
     assert in_pools(node, f"{ns}/up-gone") and set(reservations(node).values()) >= {f"{ns}/up-gone"}
     container = reconciler_container(node)
     since = now()
-    with kubenode.stopped(node, "kubelet", SETTLE):
+    # pycni's agent frozen meanwhile: its pod watch would free them first (tests/cluster/test_pod_watch.py)
+    with kubenode.stopped(node, "kubelet", SETTLE), frozen(node, agent_container(node)):
         force_delete(node, ns, "up-gone")
         out = node.ctr("tasks", "exec", "--exec-id", f"{RUN}-reconcile", container, *RECONCILE).stdout
         assert holdings(node, live) == kept, out

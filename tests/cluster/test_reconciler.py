@@ -9,7 +9,8 @@ same command once (`--interval=0`) inside the Deployment's running container (`c
 container's user, environment, ServiceAccount token and ConfigMap, as shipped): it frees exactly the
 deleted pod's allocations and reservations, and keeps the live pod's. The kubelet then comes back and
 tears the orphaned sandbox down (its DEL finds nothing left to free: no error), the live pod keeps its
-addresses, and a new pod gets other ones."""
+addresses, and a new pod gets other ones. The node's agent, whose pod watch would free the pod within
+seconds, is frozen meanwhile (`ctr tasks pause`), so that this tests the reconciler."""
 
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ from tests.cluster.pods import (
     Net,
     addresses,
     addresses_once_served,
+    agent_container,
     force_delete,
     freed_count,
     freed_lines,
+    frozen,
     now,
     pod,
     pool_owners,
@@ -52,7 +55,8 @@ def test_the_reconciler_frees_a_pod_deleted_while_its_del_could_not_run_and_neve
         {f"{ns}/gone", f"{ns}/live"} <= pool_owners(node).get(p, set()) for p in POOLS), SETTLE)
     container = reconciler_container(node)
     since = now()
-    with kubenode.stopped(node, "kubelet", SETTLE):
+    # the agent's pod watch would free the pod first (tests/cluster/test_pod_watch.py): frozen meanwhile
+    with kubenode.stopped(node, "kubelet", SETTLE), frozen(node, agent_container(node)):
         force_delete(node, ns, "gone")
         out = node.ctr("tasks", "exec", "--exec-id", f"{RUN}-reconcile", container, *RECONCILE).stdout
     said = reconciler_said(node, out, since)  # a periodic run of the Deployment may have freed it first

@@ -3,7 +3,9 @@ old pod's DEL, coming after the new pod's ADD, freed by pod name what the new po
 force-deleted (`--force --grace-period=0`): the API object goes at once and the StatefulSet controller
 creates the new `sts-0` while the kubelet is still tearing the old sandbox down, so the new pod's ADD can
 come before the old pod's DEL. Once the old sandbox is gone, the pools and reservations hold exactly the
-new pod's addresses, under the new sandbox's container ID, and the StatefulSet's deletion frees them."""
+new pod's addresses, under the new sandbox's container ID, and the StatefulSet's deletion frees them.
+The node agent's pod watch sees the old pod's deletion meanwhile: it frees what carries the old pod's
+UID and keeps the new pod's entries (ipam/podwatch.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from tests.cluster.pods import (
     SETTLE,
     Net,
     addresses,
+    agent_metrics,
     held_by,
     ready,
     reservations,
@@ -62,6 +65,7 @@ def test_a_statefulset_pod_recreated_under_its_name_keeps_a_correct_attachment(n
     kubenode.wait_for("the pools holding sts-0 under its sandbox",
                       lambda: holders(node, ref) == [old_sandbox, old_sandbox], SETTLE)
 
+    deleted = agent_metrics(node, "pycni_podwatch_events_total").get("DELETED", 0)
     node.kubectl("-n", ns, "delete", "pod", "sts-0", "--force", "--grace-period=0", timeout=120)
     new_uid = kubenode.wait_for("sts-0 recreated", lambda: (u := uid_of(node, ns)) != old_uid and u, SETTLE)
     ready(node, ns, "sts-0")
@@ -72,6 +76,9 @@ def test_a_statefulset_pod_recreated_under_its_name_keeps_a_correct_attachment(n
     assert sorted(a.version for a in got) == [4, 6], got
     kubenode.wait_for("the pools holding one entry each for sts-0, under the new sandbox",
                       lambda: holders(node, ref) == [new_sandbox, new_sandbox], SETTLE)
+    # the agent's pod watch saw the old pod go (and freed what carried its UID, keeping the new pod's)
+    kubenode.wait_for("the agent's pod watch seeing the old pod go", lambda: agent_metrics(
+        node, "pycni_podwatch_events_total").get("DELETED", 0) > deleted, SETTLE)
     res = reservations(node)
     assert {k for k, v in res.items() if v == ref} == {str(a.ip).replace(":", "-") for a in got}, res
     assert sandbox_failures(node, ns) == []

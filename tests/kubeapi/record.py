@@ -52,13 +52,15 @@ def account(client: Client) -> str:
 
 
 def verb_of(method: str, path: str, query: dict[str, Any] | None) -> tuple[str, str, str]:
-    """(verb, group, resource) of a namespaced request path, as RBAC names them."""
+    """(verb, group, resource) of a request path, as RBAC names them."""
     parts = path.strip("/").split("/")
-    if parts[0] == "api":  # /api/v1/namespaces/NS/RESOURCE[/NAME]
+    if parts[0] == "api":  # /api/v1/[namespaces/NS/]RESOURCE[/NAME]
         group, rest = "", parts[2:]
-    else:  # /apis/GROUP/VERSION/namespaces/NS/RESOURCE[/NAME]
+    else:  # /apis/GROUP/VERSION/[namespaces/NS/]RESOURCE[/NAME]
         group, rest = parts[1], parts[3:]
-    resource, named = rest[2], len(rest) > 3
+    if rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    resource, named = rest[0], len(rest) > 1
     if method == "GET":
         verb = "watch" if (query or {}).get("watch") else "get" if named else "list"
     else:
@@ -87,6 +89,22 @@ def _install(sink: Callable[[list[Any]], None]) -> None:
                 sink([who, *verb_of(method, path, query), allowed])
 
     Client.request = request  # type: ignore[method-assign]
+    original_watch = Client.watch
+
+    @functools.wraps(original_watch)
+    def watch(self: Client, path: str, query: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        who = account(self)
+        allowed = True
+        try:
+            yield from original_watch(self, path, query)
+        except ApiError as e:
+            allowed = e.status != 403
+            raise
+        finally:
+            if who:
+                sink([who, "watch", *verb_of("GET", path, query)[1:], allowed])
+
+    Client.watch = watch  # type: ignore[method-assign]
 
 
 def recordable(item: pytest.Item) -> bool:

@@ -92,7 +92,7 @@ def test_rbac_require_refuses_undeclared_access() -> None:
     with pytest.raises(rbac.NotGranted):
         rbac.require(rbac.NODE, rbac.WHEREABOUTS, "ippools", "update")  # pools are patched, never replaced
     with pytest.raises(rbac.NotGranted):
-        rbac.require(rbac.NODE, "", "pods", "list")
+        rbac.require(rbac.NODE, "", "pods", "delete")  # the pod watch reads pods, never writes them
 
 
 def container(kind: str) -> dict[str, Any]:
@@ -222,10 +222,26 @@ def test_agent_serves_metrics_on_the_node_address_the_daemonset_declares(node_ip
     agent = next(c for c in by_kind("DaemonSet")[0]["spec"]["template"]["spec"]["containers"]
                  if c["name"] == "agent")
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in agent["env"]}
-    assert env == {"POD_IP": "status.podIP"}
+    assert env == {"POD_IP": "status.podIP", "NODENAME": "spec.nodeName"}
     args = main.parse([expand(a, {"POD_IP": node_ip}) for a in agent["command"][1:]])
     assert args.metrics == (node_ip, metrics_port(agent))
     assert scrape_annotations("DaemonSet") == ("true", metrics_port(agent), "/metrics")
+
+
+def test_agent_watches_its_nodes_pods_with_what_the_daemonset_gives_it() -> None:
+    """The pod watch (ipam/podwatch.py) is on by default when NODENAME is set: the DaemonSet sets it from
+    the downward API, and the node's ServiceAccount may list and watch pods (a ClusterRole: pods are in
+    every namespace)."""
+    from cni.agent import main
+
+    agent = next(c for c in by_kind("DaemonSet")[0]["spec"]["template"]["spec"]["containers"]
+                 if c["name"] == "agent")
+    args = main.parse([expand(a, {"POD_IP": "198.51.100.7"}) for a in agent["command"][1:]])
+    assert args.pod_watch == "auto"
+    assert {"NODENAME": "spec.nodeName"}.items() <= {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in agent["env"]}.items()
+    role = next(d for d in by_kind("ClusterRole") if d["metadata"]["name"] == "pycni-node")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
 
 
 def test_reconciler_serves_metrics_where_the_deployment_declares() -> None:

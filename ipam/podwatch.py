@@ -1,0 +1,301 @@
+"""Pods deleted without a DEL, freed within seconds: the node-local agent's watch on the pods of its own
+node (Kubernetes store only). Upstream whereabouts' `ip-control-loop` does this with a shared informer
+on every pod of the cluster; here each node watches its own pods (fieldSelector spec.nodeName), so no
+leader election and no cluster-wide pod cache.
+
+- **Watch**: LIST the node's pods, then WATCH from the list's resourceVersion (bookmarks on,
+  `timeoutSeconds` bounded), resumed from the last resourceVersion after a dropped connection (with
+  backoff), listed again after 410 Gone. A relist that misses a pod known before treats it as deleted.
+- **Sweep**: deletions are queued; a sweeper thread takes every deletion queued so far and runs ONE
+  reconciler pass (ipam.reconciler: the same judgement, decision core and compare-and-swap through
+  ipam.removal) that judges only the entries naming those pods: an entry recording the deleted UID is
+  freed at once; one without a UID, or with another UID (a pod of the same name: StatefulSets), is
+  judged by a GET of the pod by name, as the reconciler does. Entries of every other pod are kept
+  without a request. Requests of a sweep: one LIST of the pools and one of the reservations (paged), a
+  PATCH per pool holding a freed entry (guarded with the pool as listed), a GET of the pool holding a
+  reservation's address and the reservation's DELETE, and a GET per deleted pod when an entry lacks its
+  UID (lean pool entries do: the reservation holds it). A dual-stack pod: 9 (docs/benchmarks.md).
+- **Start-up**: the first LIST is compared with the pools: entries recorded by this node whose pod is not
+  among its listed pods (same UID) are judged by GET; deletions missed while the agent was down are freed
+  then. The periodic reconciler stays the safety net for anything else (a watch that cannot be opened,
+  a sweep that failed, entries another node recorded).
+
+Failures are logged and counted, never raised into plugin calls (their own threads)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cni import log, metrics
+from cni.errors import CniError
+from ipam import rbac
+from ipam.kubeapi import ApiError, Client, Unreachable
+from ipam.model import Allocation
+from ipam.podsource import PodSource
+from ipam.reconciler import Reconciler, Report
+from ipam.store.base import Store
+
+type PodKey = tuple[str, str]  # (namespace, name)
+
+WATCH_TIMEOUT = 300  # seconds a watch request lasts on the server (then resumed from its resourceVersion)
+READ_SLACK = 30.0  # a read waits this much longer than the watch lasts: then the connection is dead
+BACKOFF = (0.5, 30.0)  # first and longest wait before the watch is opened again after a failure
+PODS = "/api/v1/pods"  # every namespace, filtered by node (fieldSelector)
+SWEEP_TRIES = 3  # a sweep that fails (store unreachable) is tried again this often; then the reconciler
+
+
+class ScopedReconciler(Reconciler):
+    """A reconciler pass that judges only the entries of deleted pods (`gone`: pod -> deleted UIDs) and,
+    at start-up, the entries `node` recorded whose pod is not in `listed` (pod -> UID); every other
+    entry is kept without a request."""
+
+    def __init__(self, store: Store, pods: PodSource, gone: Mapping[PodKey, frozenset[str]],
+                 node: str = "", listed: Mapping[PodKey, str] | None = None) -> None:  # fmt: skip
+        super().__init__(store, pods)
+        self.gone, self.node, self.listed = gone, node, listed
+
+    def verdict(self, owner: Allocation) -> str | None:
+        if "/" not in owner.podref:
+            return None
+        namespace, name = owner.podref.split("/", 1)
+        uids = self.gone.get((namespace, name))
+        if uids is not None:
+            if owner.pod_uid and owner.pod_uid in uids:
+                return f"pod deleted (uid {owner.pod_uid})"
+            return super().verdict(owner)  # no UID, or another pod of the same name: ask the API
+        if self.listed is not None and self.node and owner.node == self.node:
+            uid = self.listed.get((namespace, name))
+            if uid is not None and (not owner.pod_uid or not uid or owner.pod_uid == uid):
+                return None
+            return super().verdict(owner)
+        return None
+
+
+@dataclass
+class Job:
+    """What one sweep judges: deleted pods (pod -> UIDs), and once, the start-up list of the node's pods."""
+
+    gone: dict[PodKey, set[str]] = field(default_factory=dict)
+    listed: dict[PodKey, str] | None = None
+
+    def merge(self, other: Job) -> None:
+        for key, uids in other.gone.items():
+            self.gone.setdefault(key, set()).update(uids)
+        if other.listed is not None:
+            self.listed = other.listed
+
+
+class PodWatch:
+    """The watch (`run_watch`) and the sweeper (`run_sweeper`), one thread each (`start`)."""
+
+    def __init__(self, client: Client, node: str, store: Store, pods: PodSource,
+                 timeout: int = WATCH_TIMEOUT, backoff: tuple[float, float] = BACKOFF,
+                 on_report: Callable[[Job, Report], None] = lambda job, report: None,
+                 say: Callable[[str], None] = lambda line: log.warning("%s", line)) -> None:  # fmt: skip
+        self.client, self.node, self.store, self.pods, self.say = client, node, store, pods, say
+        self.timeout, self.backoff, self.on_report = timeout, backoff, on_report
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.stop = threading.Event()
+        self.known: dict[PodKey, str] | None = None  # the node's pods as last seen (key -> uid)
+        self.version = ""  # the resourceVersion to resume from ("" : list first)
+        self.lists = 0  # LISTs made (start and every relist)
+        self._threads: list[threading.Thread] = []
+
+    # the watch
+
+    def _path(self) -> str:
+        return PODS
+
+    def _selector(self) -> dict[str, Any]:
+        return {"fieldSelector": f"spec.nodeName={self.node}"}
+
+    def relist(self) -> None:
+        """LIST the node's pods; pods known before and missing now (or with another UID) are deleted."""
+        rbac.require(rbac.NODE, "", "pods", "list")
+        doc = self.client.request("GET", self._path(), query=self._selector())
+        metrics.sink().watch_request("list")
+        self.lists += 1
+        listed = {_key(item): _uid(item) for item in doc.get("items") or [] if isinstance(item, dict)}
+        if self.known is None:
+            self.jobs.put(Job(listed=dict(listed)))
+        else:
+            gone = {k: {uid} for k, uid in self.known.items() if listed.get(k) != uid}
+            if gone:
+                self.say(f"pod watch: {len(gone)} pods of node {self.node} went while it was not watching")
+                self.jobs.put(Job(gone=gone))
+        self.known = listed
+        self.version = str((doc.get("metadata") or {}).get("resourceVersion") or "")
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        query = {**self._selector(), "resourceVersion": self.version, "allowWatchBookmarks": "true",
+                 "timeoutSeconds": self.timeout}  # fmt: skip
+        rbac.require(rbac.NODE, "", "pods", "watch")
+        metrics.sink().watch_request("watch")
+        return self.client.watch(self._path(), query)
+
+    def handle(self, event: dict[str, Any]) -> bool:
+        """One watch event; False when the watch must be listed again (410 Gone)."""
+        kind, obj = str(event.get("type") or ""), event.get("object") or {}
+        metrics.sink().watch_event(kind)
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                metrics.sink().watch_event("GONE")
+                self.version = ""
+                return False
+            code, reason = int(obj.get("code") or 500), str(obj.get("reason", ""))
+            raise ApiError(code, reason, str(obj.get("message", "")))
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        if version:
+            self.version = version
+        if kind == "BOOKMARK" or self.known is None:
+            return True
+        key, uid = _key(obj), _uid(obj)
+        if kind == "DELETED":
+            self.known.pop(key, None)
+            self.jobs.put(Job(gone={key: {uid}}))
+        elif kind in ("ADDED", "MODIFIED"):
+            self.known[key] = uid
+        return True
+
+    def watch_once(self) -> None:
+        """List when needed, then read one watch request to its end (the server's timeoutSeconds)."""
+        if not self.version:
+            self.relist()
+        for event in self.events():
+            if not self.handle(event):
+                return
+
+    def run_watch(self) -> None:
+        delay = self.backoff[0]
+        while not self.stop.is_set():
+            try:
+                self.watch_once()
+                delay = self.backoff[0]
+                continue
+            except ApiError as e:
+                if e.status == 410:
+                    self.version = ""
+                    metrics.sink().watch_event("GONE")
+                    continue
+                self._failed(e, delay)
+            except (Unreachable, CniError, OSError, ValueError) as e:
+                self._failed(e, delay)
+            if self.stop.wait(delay):
+                return
+            delay = min(delay * 2, self.backoff[1])
+
+    def _failed(self, e: Exception, delay: float) -> None:
+        if not self.stop.is_set():  # closing ends the watch's read: not worth a line
+            log.warning("pod watch on node %s: %s (again in %.1f s)", self.node, e, delay)
+
+    # the sweeper
+
+    def take(self, block: bool = True) -> Job | None:
+        """Every job queued so far as one (waits for the first when `block`); None when stopping."""
+        try:
+            first = self.jobs.get(block=block)
+        except queue.Empty:
+            return None
+        if first is None:
+            return None
+        while True:
+            try:
+                more = self.jobs.get_nowait()
+            except queue.Empty:
+                return first
+            if more is None:
+                self.jobs.put(None)
+                return first
+            first.merge(more)
+
+    def sweep(self, job: Job) -> Report:
+        """One reconciler pass over the pods of `job` (ScopedReconciler)."""
+        gone = {k: frozenset(v) for k, v in job.gone.items()}
+        started = time.monotonic()
+        report = ScopedReconciler(self.store, self.pods, gone, self.node, job.listed).run()
+        freed = report.freed
+        metrics.sink().watch_swept(time.monotonic() - started, not report.errors, freed)
+        for e in report.errors:
+            log.warning("pod watch: %s", e)
+        if report.found:
+            pods = ", ".join(sorted(f"{ns}/{name}" for ns, name in gone)) or "pods gone before the start"
+            self.say(f"pod watch: freed {freed} of {report.found} allocations and reservations ({pods})")
+        return report
+
+    def run_sweeper(self) -> None:
+        while (job := self.take()) is not None:
+            for attempt in range(SWEEP_TRIES):
+                try:
+                    self.on_report(job, self.sweep(job))
+                    break
+                except CniError as e:
+                    metrics.sink().watch_swept(0.0, False, 0)
+                    log.warning("pod watch: sweep failed (%s); %s", e,
+                                "again" if attempt + 1 < SWEEP_TRIES else "left to the reconciler")
+                    if self.stop.wait(self.backoff[0] * 2**attempt):
+                        return
+
+    def start(self) -> None:
+        for target, name in ((self.run_watch, "pod-watch"), (self.run_sweeper, "pod-sweep")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop both threads (the watch's connection is closed to end its read)."""
+        self.stop.set()
+        self.jobs.put(None)
+        self.client.http.interrupt()
+        for t in self._threads:
+            t.join(timeout)
+        self.client.close()
+        self.store.close()
+        self.pods.close()
+
+
+def _key(obj: dict[str, Any]) -> PodKey:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def _uid(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+class CountedClient(Client):
+    """The sweep's client: every request counted by verb (cni.metrics watch_request), so the exporter
+    shows what the watch costs the API server."""
+
+    def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
+                content_type: str = "") -> dict[str, Any]:  # fmt: skip
+        metrics.sink().watch_request(method.lower())
+        return super().request(method, path, body, query, content_type)
+
+
+class NotKubernetes(Exception):
+    """The node's store is not the Kubernetes store: the watch has nothing to free."""
+
+
+def open_pod_watch(node: str, configuration_path: str = "",
+                   say: Callable[[str], None] = lambda line: log.warning("%s", line)) -> PodWatch:
+    """The watch of `node`'s pods over the store of the node's flat file (found as the plugin finds it;
+    `configuration_path`: the flat file, or its directory). ConfigError when there is none yet;
+    NotKubernetes for another store."""
+    from ipam import config
+    from ipam.kubeapi import load_kubeconfig
+    from ipam.kubepods import KubePodSource
+    from ipam.store.kube import KubeStore
+
+    conf = config.load_store({"configuration_path": configuration_path} if configuration_path else {})
+    if conf.datastore != "kubernetes":
+        raise NotKubernetes(conf.datastore)
+    kube = load_kubeconfig(conf.kubernetes.kubeconfig)
+    store = KubeStore(CountedClient(kube), kube.namespace, role=rbac.NODE)
+    pods = KubePodSource(CountedClient(kube), role=rbac.NODE)
+    watch = Client(kube, timeout=(3.0, WATCH_TIMEOUT + READ_SLACK))
+    return PodWatch(watch, node, store, pods, say=say)
