@@ -110,8 +110,6 @@ class AgentExporter(Exporter):
                                 "Calls the agent did not take (the plugin ran them in-process).",
                                 ["reason"], registry=reg)
         self.running = Gauge("pycni_agent_inflight_requests", "Calls the agent is executing.", registry=reg)
-        self.deferred = Gauge("pycni_ipam_unwritten_calls", "IPAM calls answered whose pool write is still "
-                              "to come (deferred writes, --defer-writes).", registry=reg)  # fmt: skip
         self.ipam_seconds = Histogram("pycni_ipam_duration_seconds",
                                       "IPAM calls (whereabouts) served in the agent, store opening included.",
                                       ["store", "command"], buckets=CALL_BUCKETS, registry=reg)
@@ -149,9 +147,6 @@ class AgentExporter(Exporter):
 
     def inflight(self, n: int) -> None:
         self.running.set(n)
-
-    def unwritten(self, n: int) -> None:
-        self.deferred.set(n)
 
     def ipam(self, store: str, command: str, seconds: float, code: int) -> None:
         c = command_label(command)

@@ -39,9 +39,6 @@ class Sink:
     def conflict(self, store: str, kind: str, n: int = 1) -> None:
         """Writes lost to another writer: `pool` (compare-and-swap) or `reservation` (a racer's)."""
 
-    def unwritten(self, n: int) -> None:
-        """IPAM calls the agent answered whose pool write is still to come (deferred writes), now."""
-
     def pool(self, store: str, name: str, used: int, size: int) -> None:
         """A pool as the reconciler saw it."""
 

@@ -1,7 +1,8 @@
 """One attempt at a batch of one pool, whatever the execution mode: under the node lock, every op not yet
 done decided in turn through the core (ipam.decide) on the pool, then one compare-and-swap write.
-ipam.retry runs attempts until one writes; each op's state (ipam.batch.Op.to) says where it is. What a
-mode adds (the agent's early answers and arrivals: ipam.exec_agent) comes in through `Mode`.
+ipam.retry runs attempts until one writes; each op's state (ipam.batch.Op.to) says where it is. The two
+execution modes (a plugin process: ipam.exec_plain; the agent: ipam.exec_agent) differ only in what
+they pass: the pool's `Memory`, and whether the batch releases its DELs' reservations itself.
 
 What the attempt knows of the pool beyond a read is one explicit per-pool value, `Memory`. A plugin
 process has none (an empty one per call: it reads the pool, decides, writes, retries). The agent keeps
@@ -27,7 +28,8 @@ from cni import faults, log
 from cni.errors import CniError, TryAgainError
 from ipam import allocator, batch, decide, nodelock
 from ipam.allocator import SnapshotView
-from ipam.batch import BatchView, Claims, Op
+from ipam.batch import Claims, Op
+from ipam.decide import Changes
 from ipam.model import Pool, PoolUpdate, PoolView
 from ipam.ranges import IPRange, same_network
 from ipam.retry import retrying
@@ -88,28 +90,11 @@ class Memory:
             self.floor = version
 
 
-class Mode:
-    """What an execution mode adds to an attempt; by default nothing (each hook's docstring)."""
-
-    releases = False  # DELs release their reservations in the batch, and are written only then
-
-    def decided(self, attempt: Attempt, view: PoolView, got: Pass, hot: bool | None, cached: bool,
-                pending: list[Op]) -> list[Op]:  # fmt: skip
-        """After the batch's pass, before its write: more ops decided on the same view."""
-        return []
-
-    def each(self, op: Op) -> None:
-        """`op` was just decided, the rest of its pass still to come (each a reservation request)."""
-
-    def wrote(self, seconds: float) -> None:
-        """The pool write took `seconds`."""
-
-
 class Pass:
     """One pass of decisions over ops (Attempt.decide_all): the changes, the ops decided, whether any
     reservation was created on the way, and whether it stopped on a snapshot found `stale`."""
 
-    def __init__(self, changes: BatchView) -> None:
+    def __init__(self, changes: Changes) -> None:
         self.changes = changes
         self.decided: list[Op] = []
         self.claimed = False
@@ -121,8 +106,11 @@ class Attempt:
     (the agent's arrivals join it). `reread` once a write of it failed: every attempt after it reads the
     pool as stored (a cached read may not hold what that write met)."""
 
-    def __init__(self, engine: Engine, name: str, ops: list[Op], mode: Mode, memory: Memory) -> None:
-        self.e, self.name, self.ops, self.mode, self.memory = engine, name, ops, mode, memory
+    def __init__(
+        self, engine: Engine, name: str, ops: list[Op], memory: Memory, releases: bool = False
+    ) -> None:
+        self.e, self.name, self.ops, self.memory = engine, name, ops, memory
+        self.releases = releases  # DELs release their reservations in the batch, and are written only then
         self.reread = False
 
     def run(self) -> None:
@@ -145,28 +133,27 @@ class Attempt:
         hot = memory.hot()
         lost = sum(op.claims.lost for op in pending)
         view, got, cached = self.decide_batch(pending[0].rng, lock, pending, hot)
-        decided = got.decided + self.mode.decided(self, view, got, hot, cached, pending)
+        decided = got.decided
         if sum(op.claims.lost for op in pending) > lost:
             memory.heat(HOT_SECONDS)  # races lost to other nodes: the next calls here spread at once
         version = self._write(view, got.changes, cached, decided)
         if version is not None:
             memory.wrote(lock, self.e.store.written(self.name, version) if memory.kept else None, version)
         for op in decided:  # a mode that releases in the batch: its DELs written once released
-            if op.kind == "add" or not self.mode.releases:
+            if op.kind == "add" or not self.releases:
                 op.to(batch.WRITTEN)
         for op in decided:
             if op.kind == "add":
                 log.debug("%s %s: %s (%s)", op.owner.container_id, op.owner.ifname,
                           op.rng.address(op.offsets[0]), self.name)  # fmt: skip
 
-    def _write(self, view: PoolView, changes: BatchView, cached: bool, decided: list[Op]) -> str | None:
+    def _write(self, view: PoolView, changes: Changes, cached: bool, decided: list[Op]) -> str | None:
         """The batch's one write (none when it changes nothing); the pool's version after it."""
         update = changes.update()
         if cached and any(op.kind == "add" for op in decided):
             update = PoolUpdate(put=update.put, remove=update.remove, whole=True)
         if not update or (view.version is None and not update.put):
             return view.version
-        wrote = time.monotonic()
         try:
             version = self.e.commit(view, update)
         except StoreUnavailable:  # the server may have applied the write all the same (StoreBusy:
@@ -181,7 +168,6 @@ class Attempt:
             else:
                 self.memory.heat(HOT_SECONDS)  # another node wrote this pool meanwhile
             raise
-        self.mode.wrote(time.monotonic() - wrote)
         faults.point("store-commit")  # tests: inside the store transaction, before it ends
         return version
 
@@ -228,7 +214,7 @@ class Attempt:
         """Decide on the pool read at least as new as the memory's floor (decide_batch): (the view, the
         pass, whether it stands). It does not when an ADD failed or a DEL found nothing on a cached read:
         what it lacked may be newer than the cache (written outside this node's lock)."""
-        reread = self.reread or any(op.rewrites for op in pending)  # a write of theirs failed
+        reread = self.reread  # a write failed: the cache may not hold what it met
         floor = "" if reread else self.memory.floor
         view, got = self._decide_fresh(rng, self.e.view(rng, floor), pending, hot)
         return view, got, not floor or not _lacking(got, pending)
@@ -254,12 +240,12 @@ class Attempt:
 
     def decide_all(
         self, view: PoolView, pending: list[Op], hot: bool | None, snapshot: bool = False,
-        changes: BatchView | None = None,
+        changes: Changes | None = None,
     ) -> Pass:  # fmt: skip
         """Decide every op on `view` (after the decisions already in `changes`, if given). An op's own
         failure is final for it. On the node's `snapshot`, the pass stops as soon as a candidate's
         reservation shows the snapshot out of date (Pass.stale: decide on the pool as stored)."""
-        done = Pass(changes if changes is not None else BatchView(view))
+        done = Pass(changes if changes is not None else Changes(view))
         created = sum(len(op.claims.created) for op in pending)
         for op in pending:
             try:
@@ -277,21 +263,17 @@ class Attempt:
                 continue
             op.to(batch.DECIDED)
             done.decided.append(op)
-            self.mode.each(op)
         done.claimed = sum(len(op.claims.created) for op in pending) > created
         return done
 
     def _decide_add(
-        self, op: Op, changes: BatchView, hot: bool | None = None, snapshot: bool = False
+        self, op: Op, changes: Changes, hot: bool | None = None, snapshot: bool = False
     ) -> bool:
         """Decide an ADD through the core (ipam.decide) until it needs no claim that is refused: each
         refused claim blocks that offset and the core decides again (a lost race: the batch's other ops
         keep off it too). False, undecided: on the node's `snapshot`, a candidate reserved by a racer
         after it was taken (the snapshot is stale). Its own failure (the pool full, a requested address
         taken, candidates taken again and again) is raised."""
-        if op.told and op.offsets:  # answered before its write: it keeps that address, or nothing
-            self._decide_answered(op, changes)
-            return True
         segments = allocator.segments_as_offsets(op.rng)
         while True:
             outcome = decide.add(changes, self._wanted(op, hot, segments), segments)
@@ -305,7 +287,7 @@ class Attempt:
                     self._refused(op, changes, decision.offset, lost, blocked)
                     continue
                 faults.point("store-reserve")  # tests: the address reserved, the pool not yet written
-            decide.apply(changes, outcome, op.owner, self.e.lean)
+            decide.apply(changes, outcome, op.owner, self.e.lean_for(op))
             op.offsets = [decision.offset]
             return True
 
@@ -326,7 +308,7 @@ class Attempt:
             start=decide.scatter(segments, self.e.retry.rand()) if scatter else None, want=op.want,
         )  # fmt: skip
 
-    def _refused(self, op: Op, changes: BatchView, offset: int, lost: int, blocked: int) -> None:
+    def _refused(self, op: Op, changes: Changes, offset: int, lost: int, blocked: int) -> None:
         """A claim of `offset` refused (Reservations.claim): progress when it was a race lost (the
         batch's other ops keep off it too) or an address held for good (one fewer to walk); the op gives
         up once none is made for the retry policy's deadline, or its limit is reached."""
@@ -344,24 +326,12 @@ class Attempt:
                 f"allocating in {op.rng.cidr}: gave up: candidates keep being taken elsewhere"
             )
 
-    def _decide_answered(self, op: Op, changes: BatchView) -> None:
-        """An ADD answered before its pool write, decided again after the write failed: its address
-        again (its reservation is this call's: no request). Should the pool now give that address to
-        another entry (a writer that ignores reservations), the entry is not written: said in the log,
-        the reservation still holds the address for the attachment that was told it."""
-        want = op.offsets[0]
-        segments = allocator.segments_as_offsets(op.rng)
-        outcome = decide.one(changes, decide.Add(op.owner, answered=want), segments, self.e.lean)
-        if isinstance(outcome, decide.Displaced):
-            log.error("%s %s: %s was answered, but pool %s now holds it for another entry: not written",
-                      op.owner.container_id, op.owner.ifname, op.rng.address(want), changes.name)  # fmt: skip
-
 
 def undecide(ops: list[Op], failed: bool = False) -> None:
     """The decisions of `ops` void (their view was stale, or an attempt failed): pending again; with
     `failed`, also the failures met on that view."""
     for op in ops:
-        if op.state in (batch.DECIDED, batch.ANSWERED) or (failed and op.state == batch.FAILED):
+        if op.state == batch.DECIDED or (failed and op.state == batch.FAILED):
             op.to(batch.PENDING)
 
 

@@ -12,10 +12,9 @@ an executor (ipam.engine) wants at random, it draws and passes in as plain value
   removed where the pool still holds them exactly as judged (an entry taken over since stays); its
   outcome is the entries freed.
 - Outcomes: `Took` (an address), `Full` (no free address: the executor's pool-exhausted error),
-  `Displaced` (an Add answered before its write, decided again, whose address the pool now gives to
-  another entry: nothing written), `Freed` (entries removed), `Taken` (a requested offset another entry
-  holds or that is blocked: the executor's code 109 naming the holder), `Elsewhere` (a request from an
-  attachment that holds another offset).
+  `Freed` (entries removed), `Taken` (a requested offset another entry holds or that is blocked: the
+  executor's code 109 naming the holder), `Elsewhere` (a request from an attachment that holds another
+  offset).
 
 Rules: the same attachment keeps its entry ("existing"); the same pod and interface with a new container
 id takes its entry over ("takeover"); else the lowest free offset of the range's segments that is not
@@ -50,7 +49,6 @@ class Add:
     reserved: tuple[int, ...] = ()  # offsets this call holds claims on: preferred while free
     blocked: frozenset[int] = frozenset()  # offsets held by others (refused claims)
     claims: bool = False  # overlapping ranges: an offset needs a cluster-wide claim
-    answered: int | None = None  # its caller was told this address (deferred writes): that or nothing
     spread: int = 1
     pick: float = 0.0
     start: int | None = None
@@ -83,11 +81,6 @@ class Full:
 
 
 @valueclass
-class Displaced:
-    offset: int
-
-
-@valueclass
 class Taken:
     """A requested offset held by another entry of the pool (`holder`), or blocked (holder None: a
     refused claim, another op of the batch): nothing written."""
@@ -115,7 +108,7 @@ class Freed:
 
 
 type Op = Add | Del | Remove
-type Outcome = Took | Full | Displaced | Freed | Taken | Elsewhere
+type Outcome = Took | Full | Freed | Taken | Elsewhere
 
 
 # ---- views --------------------------------------------------------------------------------------------
@@ -299,8 +292,6 @@ def one(
         found = [(k, a) for k, a in op.entries if (k, a) in changes.owned(a)]  # still exactly as judged
         changes.apply(PoolUpdate(remove=frozenset(k for k, _ in found)))
         return Freed(tuple(found))
-    if op.answered is not None:
-        return _answered(changes, op, segments, lean)
     outcome = add(changes, op, segments, others)
     if isinstance(outcome, Took):
         apply(changes, outcome, op.owner, lean)
@@ -368,18 +359,6 @@ def candidates(
             break
         found.append(nxt)
     return found
-
-
-def _answered(changes: Changes, op: Add, segments: Sequence[Segment], lean: bool) -> Outcome:
-    """An Add answered before its write, decided again: its address again (no claim: its reservation is
-    the call's), or nothing when the pool now gives it to another entry."""
-    want = op.answered
-    assert want is not None
-    outcome = add(changes, Add(op.owner, reserved=(want,)), segments)
-    if not isinstance(outcome, Took) or outcome.offset != want:
-        return Displaced(want)
-    apply(changes, outcome, op.owner, lean)
-    return outcome
 
 
 def _claim(op: Add, offset: int) -> bool:

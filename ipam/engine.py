@@ -7,11 +7,8 @@ reservation after. A crash between the two steps leaves at worst a reservation w
 (an address parked, never one handed out twice); the same owner's next ADD reuses it, its DEL frees it
 (ipam.reservations: Reservations.sweep), and GC and the reconciler free it once the owner is gone.
 
-In the agent, on the Kubernetes store with overlapping ranges (the reservations authoritative), a call is
-answered once its batch decided it (ipam.batch: deferred writes): an ADD when its address is reserved, a
-DEL when its entries are found; the pool write that follows carries every call decided in its window
-(Combiner.window). Until it lands the address is held by its reservation alone, as after a
-crash between the two steps above; a CHECK or GC of the pool waits for it (Combiner.settle)."""
+A call is answered once its pool write is done, in a plugin process (ipam.exec_plain) and in the agent
+(ipam.exec_agent: the calls of one pool that arrive while a write is in flight share the next one)."""
 
 from __future__ import annotations
 
@@ -26,7 +23,7 @@ from ipam import allocator, batch, exec_agent, exec_plain, nodelock, removal
 from ipam.allocator import SnapshotView
 from ipam.batch import Op
 from ipam.config import IpamConfig
-from ipam.model import Allocation, Attachment, Pool, PoolUpdate, PoolView, Reservation, by_attachment, joined
+from ipam.model import Allocation, Attachment, Pool, PoolUpdate, PoolView, by_attachment, joined
 from ipam.ranges import IPRange, same_network
 from ipam.reservations import Reservations, reserved_for
 from ipam.retry import Retry, retrying
@@ -41,8 +38,8 @@ class Engine:
         self, store: Store, conf: IpamConfig, retry: Retry | None = None,
         reopen: Callable[[], contextlib.AbstractContextManager[Store]] | None = None,
     ) -> None:  # fmt: skip
-        """`reopen`: a handle of the store for a deferred batch's own thread (default: a handle of
-        conf.store from ipam.store.handles, warm in the agent)."""
+        """`reopen`: a handle of the store for the agent's batch thread (default: a handle of conf.store
+        from ipam.store.handles, warm in the agent)."""
         self.store, self.conf, self.retry = store, conf, retry or Retry()
         self.reopen = reopen
         s = conf.store
@@ -53,11 +50,14 @@ class Engine:
         # carries them: on the Kubernetes store they are a per-entry annotation of the pool object, which
         # every write of it pays for (docs/benchmarks.md); readers join them back (ipam.model.joined).
         # Node slices too: a slice pool has one writer, but each of its writes still pays for its size
-        # (the reconciler finds a slice pool's entry by the node its reservation records)
+        # (the reconciler finds a slice pool's entry by the node its reservation records). Decided per
+        # op (lean_for): a batch of the agent may hold ops of configurations that differ in overlapping
         self.lean = conf.overlapping and s.datastore == "kubernetes"
-        # the agent may answer a call on overlapping ranges before its pool write (module docstring)
-        self.defers = s.datastore == "kubernetes"
         self.reservations = Reservations(store, conf, self.retry, self.pool_name, self.atomic)
+
+    def lean_for(self, op: Op) -> bool:
+        """Whether `op`'s pool entry is written without extras (its reservation carries them)."""
+        return op.overlapping and self.conf.store.datastore == "kubernetes"
 
     def pool_name(self, rng: IPRange) -> str:
         return rng.pool or pool_name(rng.cidr, self.conf.network_name)
@@ -170,8 +170,7 @@ class Engine:
         if op.overlapping:
             for offset, held in op.freed + [f for f in op.sent if f not in op.freed]:
                 name = self.reservation_name(op.rng, offset)
-                hint = Reservation(name, held, op.known[name]) if name in op.known else None
-                self.reservations.release(name, functools.partial(reserved_for, held=held), hint)
+                self.reservations.release(name, functools.partial(reserved_for, held=held))
 
     def _release_where(
         self, rng: IPRange, doomed: Callable[[Allocation], bool], extras: Mapping[Attachment, Allocation]
@@ -189,16 +188,10 @@ class Engine:
 
     # ---- CHECK / GC -------------------------------------------------------------------------------
 
-    def _settle(self, rng: IPRange) -> None:
-        """The agent: the pool's answered calls written before it is read for CHECK or GC."""
-        if batch.sharing():
-            exec_agent.settle(self, rng)
-
     def check(self, owner: Allocation, want: Mapping[int, int] | None = None) -> None:
         """The attachment's entry (and reservation) in every range; `want` (ipam.requested): at exactly
         the requested offset of a range, by its index."""
         for i, rng in enumerate(self.conf.ranges):
-            self._settle(rng)
             with self.atomic():
                 hit = allocator.find(self.view(rng), owner)
             if hit is None:
@@ -240,7 +233,6 @@ class Engine:
                 errors.append(e)
         extras = by_attachment(owners.values())
         for rng in self.conf.ranges:
-            self._settle(rng)
             try:
                 self._release_where(rng, stale, extras)
             except CniError as e:

@@ -8,7 +8,7 @@ pacing): docs/benchmarks.md "The plain path"."""
 from __future__ import annotations
 
 from cni import metrics
-from ipam.attempt import Attempt, Memory, Mode
+from ipam.attempt import Attempt, Memory
 from ipam.batch import FAILED, Op
 
 TYPE_CHECKING = False
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def run(engine: Engine, ops: list[Op]) -> None:
     """Run the ops of one range (one pool) to completion; each op's error is left on it."""
     try:
-        Attempt(engine, engine.pool_name(ops[0].rng), ops, Mode(), Memory()).run()
+        Attempt(engine, engine.pool_name(ops[0].rng), ops, Memory()).run()
     except Exception as e:  # the batch's error is every op's that is not done
         for op in ops:
             if not op.done:

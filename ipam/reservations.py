@@ -130,12 +130,10 @@ class Reservations:
                 return True
         return False
 
-    def release(
-        self, name: str, doomed: Callable[[Allocation], bool], hint: Reservation | None = None
-    ) -> None:
+    def release(self, name: str, doomed: Callable[[Allocation], bool]) -> None:
         """Delete reservation `name` if `doomed` says so of its owner: with the version this process
-        knows (the store's memory, else `hint`, the node's) as a precondition, else read first."""
-        res = self.store.known_reservation(name) or hint
+        knows (the store's memory: the agent) as a precondition, else read first."""
+        res = self.store.known_reservation(name)
         if res is not None and doomed(res.owner):
             try:  # as this process last wrote or read it: deleted if it is still that version
                 self.store.delete_reservation(res)

@@ -21,18 +21,7 @@ from cni.agent import proto
 from tests.logtee import PYTHONPATH
 
 START_TIMEOUT = 60.0  # importing the plugins and the IPAM on a loaded 2-core machine
-RUNNING: set[Agent] = set()  # agents this process started and has not stopped (settled() waits on them)
-
-
-def settled(timeout: float = 30.0) -> None:
-    """Until every running agent of this test process wrote the pools of the calls it answered early
-    (`pycni-agent --defer-writes`: on the Kubernetes store an agent answers a call once its address is
-    reserved); a test reading a pool after a call through an agent first waits for this."""
-    deadline = time.monotonic() + timeout
-    for agent in list(RUNNING):
-        while agent.proc is not None and agent.proc.poll() is None and agent.unwritten() > 0:
-            assert time.monotonic() < deadline, f"the agent did not write its answered calls ({agent.log})"
-            time.sleep(0.02)
+RUNNING: set[Agent] = set()  # agents this process started and has not stopped
 
 
 def command() -> list[str]:
@@ -101,16 +90,6 @@ class Agent:
         lines = [x for x in self.log.read_text(errors="replace").splitlines() if ": metrics on http" in x]
         assert lines, f"no metrics endpoint in the agent's log: {self.log.read_text(errors='replace')}"
         return lines[-1].rsplit(" ", 1)[1]
-
-    def unwritten(self) -> float:
-        """IPAM calls it answered whose pool write is still to come (its pycni_ipam_unwritten_calls)."""
-        import urllib.request
-
-        with urllib.request.urlopen(self.metrics_url(), timeout=10) as answer:
-            for line in answer.read().decode().splitlines():
-                if line.startswith("pycni_ipam_unwritten_calls "):
-                    return float(line.split()[1])
-        return 0.0  # the gauge appears once the agent deferred a write
 
     def served(self, what: str = "") -> list[str]:
         """Log lines of served requests ('served <plugin> <COMMAND> rc=N ...'), optionally filtered."""

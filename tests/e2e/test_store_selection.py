@@ -146,7 +146,6 @@ def test_a_netop_nad_fails_without_the_flat_file_and_allocates_once_it_is_there(
     assert got.rc == 0, got
     assert [ip["address"] for ip in got.out["ips"]] == ["198.51.100.16/24"], got.out
     assert topo.addrs(pod, "net1") == ["198.51.100.16/24"]
-    agentutil.settled()
     pools = tenant.pools()
     assert list(pools) == ["198.51.100.0-24"] and pools["198.51.100.0-24"]["16"]["id"] == CID, pools
     assert list(tenant.reservations()) == ["198.51.100.16"]
@@ -156,7 +155,6 @@ def test_a_netop_nad_fails_without_the_flat_file_and_allocates_once_it_is_there(
     got = view.call("DEL", nad, pod)
     assert got.rc == 0, got
     assert topo.link(pod, "net1") is None
-    agentutil.settled()
     assert tenant.pools() == {"198.51.100.0-24": {}} and tenant.reservations() == {}
     assert host_links(topo) == links_before
 

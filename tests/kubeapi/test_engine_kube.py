@@ -5,6 +5,7 @@ memory does not hold is still found and freed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,13 +30,13 @@ def _engine(tenant: Tenant, tmp: Path) -> tuple[Engine, list[tuple[str, str]]]:
     conf = from_dict({"range": "198.51.100.0/24", "datastore": "kubernetes",
                       "kubernetes": {"kubeconfig": str(tenant.node)},
                       "local_db": str(tmp / "state" / "whereabouts.db")})  # fmt: skip
-    return Engine(store, conf), client.sent
+    return Engine(store, conf, reopen=lambda: contextlib.nullcontext(store)), client.sent
 
 
 @pytest.fixture
 def agent() -> Iterator[None]:
     """The agent's sharing (not deferring, unpaced): each pool's memory kept with its combiner."""
-    batch.share(True, pace=0.0)
+    batch.share(True)
     yield
     batch.share(False)
 
@@ -107,7 +108,7 @@ def test_a_hot_add_reads_the_pool_from_the_servers_cache_no_older_than_this_node
     holds it, instead of reading etcd), and sees that write and the other writer's."""
     store, client = counting_store(tenant.node)
     engine, _ = _engine(tenant, tmp_path)
-    again = Engine(store, engine.conf)
+    again = Engine(store, engine.conf, reopen=lambda: contextlib.nullcontext(store))
     again.add(A)
     other = open_kube(tenant.node)
     pool = other.get_pool(POOL)

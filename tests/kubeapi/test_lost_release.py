@@ -7,11 +7,10 @@ faults a loaded server produces injected at the step that lost the deletion, det
   still be released (ipam.engine: Op.sent);
 - a reservation DELETE that gets no answer (StoreBusy) is judged again on the stored object, not given
   up (ipam.reservations.release);
-- a release that fails after the DEL was answered (the agent's deferred writes) goes back to the
-  combiner's queue and is done by the next batch (ipam.batch: _owed).
+- a release that keeps failing is the DEL's error (code 11), never an answer of success: the runtime's
+  retried DEL frees it.
 
-Each runs in the agent's mode (ipam.batch.share with deferred writes, the DEL answered before its
-write) and the first also as a plugin process (no sharing)."""
+Each runs in the agent's mode (ipam.batch.share) and the first also as a plugin process (no sharing)."""
 
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from cni.errors import CniError, Code
 from ipam import batch, rbac
 from ipam.config import IpamConfig, from_dict
 from ipam.engine import Engine
@@ -75,13 +75,13 @@ def _conf(tenant: Tenant, tmp: Path) -> IpamConfig:
 
 
 @contextlib.contextmanager
-def _agent(defer: float) -> Iterator[None]:
-    """This process shares pool writes between its threads as the agent does, answering early."""
-    batch.share(True, defer=defer)
+def _agent() -> Iterator[None]:
+    """This process shares pool writes between its threads as the agent does."""
+    batch.share(True)
     try:
         yield
     finally:
-        assert batch.settle_all(60), "answered calls still unwritten after 60 s"
+        assert batch.settle_all(60), "pool batches still under way after 60 s"
         batch.share(False)
 
 
@@ -106,7 +106,7 @@ def test_a_del_whose_pool_write_answer_is_lost_still_frees_the_reservation(
     store = _faulty(tenant)
     store.lose = 1
     engine = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store))
-    with _agent(0.05) if mode == "agent" else contextlib.nullcontext():
+    with _agent() if mode == "agent" else contextlib.nullcontext():
         engine.delete(A)
     assert store.lost == 1  # the write was applied and its answer lost: the retry found the pool freed
     _freed(tenant)
@@ -117,22 +117,26 @@ def test_a_reservation_delete_without_an_answer_is_judged_again(tenant: Tenant, 
     store = _faulty(tenant)
     store.unanswered = 1
     engine = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store))
-    with _agent(0.05):
+    with _agent():
         engine.delete(A)
     assert store.refused == 1
     _freed(tenant)
 
 
-def test_a_release_that_fails_after_the_answer_is_done_by_the_next_batch(
+def test_a_release_that_fails_is_the_dels_error_and_its_retry_frees_it(
     tenant: Tenant, tmp_path: Path
 ) -> None:
-    """The store refuses the release for longer than the outage grace (0 here): the batch that wrote
-    the pool fails the DEL its caller was already told succeeded; the op goes back to the queue."""
+    """The store refuses the release for longer than the outage grace (0 here): the agent's batch wrote
+    the pool, and the DEL fails with code 11 (never answered as done while its reservation stays); the
+    runtime's retried DEL frees the reservation."""
     conf = _added(tenant, tmp_path)
     store = _faulty(tenant)
     store.down = 2  # the DELETE with the known version, then the retried one: the whole first release
     engine = Engine(store, conf, Retry(outage=0.0), reopen=lambda: contextlib.nullcontext(store))
-    with _agent(0.05):
-        engine.delete(A)  # answered once its entry is found
-    assert store.refused == 2
+    with _agent():
+        with pytest.raises(CniError) as err:
+            engine.delete(A)
+        assert err.value.code == Code.TRY_AGAIN_LATER and store.refused == 2
+        assert tenant.pools() == {POOL: {}} and len(tenant.reservations()) == 1
+        engine.delete(A)  # the runtime's retry
     _freed(tenant)

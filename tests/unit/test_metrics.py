@@ -415,15 +415,13 @@ def test_agent_metrics_flag_env_default_and_off(monkeypatch: pytest.MonkeyPatch)
         main.parse(["--metrics=localhost:9736"])
 
 
-def test_agent_defer_writes_flag() -> None:
+def test_the_deferred_write_flags_are_gone() -> None:
+    """The agent answers every call after its pool write: --defer-writes and --defer-idle are no more."""
     from cni.agent import main
-    from ipam import batch
 
-    assert main.parse([]).defer_writes == main.DEFER_WRITES == batch.DEFER
-    assert main.parse(["--defer-writes", "0"]).defer_writes == 0
-    for bad in ("-1", "61", "soon"):
+    for gone in (["--defer-writes", "0.5"], ["--defer-idle", "2"]):
         with pytest.raises(SystemExit):
-            main.parse(["--defer-writes", bad])
+            main.parse(gone)
 
 
 def test_a_taken_port_is_logged_and_bound_once_it_is_free(capfd: pytest.CaptureFixture[str]) -> None:

@@ -1,9 +1,10 @@
-"""Batched pool writes (ipam.batch, ipam.engine): BatchView's bookkeeping, the flat combiner sharing one
+"""Batched pool writes (ipam.batch, ipam.engine): Changes' bookkeeping, the agent's combiner sharing one
 write between concurrent threads of one process (the agent), and the node-local pool lock
 (ipam.nodelock) queueing writers of one node."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -21,8 +22,9 @@ from cni.errors import CniError, Code, TryAgainError
 from ipam import batch, nodelock
 from ipam.allocator import SnapshotView, allocate
 from ipam.attempt import Memory
-from ipam.batch import BatchView, Combiner, Op
+from ipam.batch import Combiner, Op
 from ipam.config import IpamConfig, from_dict
+from ipam.decide import Changes
 from ipam.engine import Engine
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.ranges import IPRange
@@ -40,7 +42,7 @@ def rng() -> IPRange:
 
 
 def test_batch_view_hides_removed_and_shows_decided_entries() -> None:
-    view = BatchView(SnapshotView(Pool("p", RANGE, {"1": A, "2": B})))
+    view = Changes(SnapshotView(Pool("p", RANGE, {"1": A, "2": B})))
     r = rng()
     first = allocate(r, view, C)
     assert first.offset == 3
@@ -68,7 +70,8 @@ class CountingStore(MemoryStore):
 def _engine(backend: Backend, writes: list[int], pause: float = 0.02, **ipam: Any) -> Engine:
     conf = from_dict({"range": RANGE, "datastore": "kubernetes",
                       "kubernetes": {"kubeconfig": "/nonexistent"}, **ipam})  # fmt: skip
-    return Engine(CountingStore(backend, writes, pause), conf)
+    store = CountingStore(backend, writes, pause)
+    return Engine(store, conf, reopen=lambda: contextlib.nullcontext(store))
 
 
 @pytest.fixture
@@ -80,9 +83,8 @@ def shared() -> Any:
 
 @pytest.fixture
 def kept() -> Any:
-    """The agent's sharing, unpaced and not deferring: each batch on its caller's thread, the pool's
-    memory kept with its combiner (ipam.attempt.Memory)."""
-    batch.share(True, pace=0.0)
+    """The agent's sharing: the pool's memory kept with its combiner (ipam.attempt.Memory)."""
+    batch.share(True)
     yield
     batch.share(False)
 
@@ -107,7 +109,7 @@ class GatedStore(CountingStore):
 
 def _gated(store: GatedStore, conf: IpamConfig) -> Engine:
     """An engine on `store`, whose first write waits for the engine's combiner of the pool."""
-    e = Engine(store, conf)
+    e = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store))
     key = (e.identity, e.pool_name(conf.ranges[0]))
     store.waiting = lambda: batch.combiner(key)
     return e
@@ -276,15 +278,6 @@ def _held_is_none(path: str) -> bool:
         return lock is None
 
 
-def test_pace_gap() -> None:
-    """The agent's combiners pace a pool's writes: `pace` times the previous write's duration after its
-    end, at most `longest`, none once that much time has passed."""
-    assert batch.pace_gap(2.0, 0.0, 1.0, 0.5) == 0.5  # as long as it took, at most `longest`
-    assert batch.pace_gap(2.0, 0.1, 1.0, 0.5) == pytest.approx(0.4)  # less the time since it ended
-    assert batch.pace_gap(2.0, 0.1, 0.5, 5.0) == pytest.approx(0.9)  # `pace` times as long
-    assert batch.pace_gap(2.0, 0.6, 1.0, 0.5) == pytest.approx(-0.1)  # waited long enough: none
-
-
 def test_node_lock_directory_unusable_runs_without_it(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -392,31 +385,6 @@ def _op() -> batch.Op:
     return batch.Op("add", rng(), A, False)
 
 
-def test_a_paced_combiner_waits_as_long_as_the_previous_write_took() -> None:
-    """The agent's combiners: the next batch starts no sooner than the previous one's duration after it
-    ended (a lower bound: sleeping never ends early, whatever the machine's speed)."""
-    began: list[float] = []
-    ended: list[float] = []
-
-    def execute(ops: list[batch.Op]) -> None:
-        began.append(time.monotonic())
-        time.sleep(0.05)
-        for op in ops:
-            written(op)
-        ended.append(time.monotonic())
-
-    paced = batch.Combiner(pace=1.0)
-    paced.run([_op()], execute)
-    paced.run([_op()], execute)
-    assert began[1] - ended[0] >= 0.05 - 0.005  # clock granularity
-
-
-def test_the_agents_combiners_are_paced_and_a_plugin_process_is_not(shared: None) -> None:
-    assert batch.combiner(("store", "pool")).pace == batch.PACE > 0
-    batch.share(False)
-    assert batch.combiner(("store", "pool")).pace == 0
-
-
 def test_the_agents_del_batch_releases_its_reservations_before_it_ends(shared: None, tmp_path: Path) -> None:
     """In the agent a batch of DELs deletes the freed entries' reservations itself, after its write and
     before its callers return (so they return together): every release is made by a batch runner, not
@@ -478,7 +446,7 @@ def _lagging(backend: Backend, tmp_path: Path) -> tuple[Engine, LaggingStore]:
     conf = from_dict({"range": RANGE, "datastore": "kubernetes", "kubernetes": {"kubeconfig": "/nonexistent"},
                       "local_db": str(tmp_path / "state" / "ipam.db")})  # fmt: skip
     store = LaggingStore(backend)
-    return Engine(store, conf), store
+    return Engine(store, conf, reopen=lambda: contextlib.nullcontext(store)), store
 
 
 def test_a_read_without_a_snapshot_asks_for_the_pool_no_older_than_this_nodes_last_write(

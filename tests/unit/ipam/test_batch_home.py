@@ -32,7 +32,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
     agent_dir.mkdir()
     net = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     cwd = os.open(agent_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    batch.share(True, pace=0.0, defer=0.01, idle=0.01, home=(net, cwd))
+    batch.share(True, home=(net, cwd))
     try:
         yield agent_dir
     finally:

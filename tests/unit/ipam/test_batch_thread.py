@@ -1,12 +1,10 @@
 """The agent's pool batch thread never wedges a pool (issue 37): whatever raises in its bookkeeping (a
-fault point at each step, a metric that fails), every caller is answered (an address or code 11), the
-thread ends with its flag cleared, the calls queued behind it get a new thread, and the pool serves the
-next calls. A caller never waits without a bound. Ordering is by gates and the combiner's own counts,
-never by the clock."""
+fault point at each step), every caller is answered (an address or code 11), the thread ends with its
+flag cleared, the calls queued behind it get a new thread, and the pool serves the next calls. A caller
+never waits without a bound. Ordering is by gates and the combiner's own counts, never by the clock."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,18 +12,14 @@ from typing import Any
 
 import pytest
 
-from cni import faults, metrics
+from cni import faults
 from cni.errors import CniError, Code
 from ipam import batch
 from ipam.batch import Op
-from ipam.engine import Engine
-from ipam.retry import Retry
-from ipam.store.names import reservation_name
-from tests.memstore import Backend
 from tests.unit.helpers import until, written
-from tests.unit.ipam.test_deferred import HANG, POOL, HeldClaim, Setup, owner
+from tests.unit.ipam.test_agent_batches import POOL, Setup, owner
 
-POINTS = ["batch-take", "batch-owed", "batch-unwritten", "sink-unwritten-down", "sink-unwritten-up"]
+POINTS = ["batch-take", "batch-done"]
 
 
 class Boom(RuntimeError):
@@ -46,22 +40,10 @@ class Once:
         raise Boom(what)
 
 
-class FailingSink(metrics.Sink):
-    """A metrics sink whose `unwritten` gauge raises once (a bug in an exporter): on the batch thread's
-    bookkeeping after a write (the gauge going down), or on an answer (going up)."""
-
-    def __init__(self, once: Once) -> None:
-        self.once, self.last = once, 0
-
-    def unwritten(self, n: int) -> None:
-        down, self.last = n < self.last, n
-        self.once("sink-unwritten-down" if down else "sink-unwritten-up")
-
-
 @pytest.fixture
-def deferring(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Deferred writes, every batch closed at one call (never by the clock)."""
-    batch.share(True, pace=0.0, defer=HANG, idle=HANG)
+def agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The agent's combiners, a batch of one call each."""
+    batch.share(True)
     monkeypatch.setattr(batch, "MAX_BATCH", 1)
     yield
     assert batch.settle_all(30)
@@ -83,54 +65,48 @@ def _start(call: Callable[[], Any], into: list[Any]) -> threading.Thread:
 
 @pytest.mark.parametrize("point", POINTS)
 def test_a_fault_in_the_batch_thread_answers_every_caller(
-    point: str, deferring: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    point: str, agent: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     s = Setup(tmp_path)
     once = Once(point)
-    sink = FailingSink(once)
-    metrics.install(sink)
-    try:
-        e = s.engine()
-        comb = batch.combiner((e.identity, POOL))
-        got_a: list[Any] = []
-        a = _start(lambda: s.engine().add(owner(1))[0][1], got_a)
-        # A's write is held at the gate; B and C queue behind its batch
-        assert s.arrived.wait(30)
-        monkeypatch.setattr(faults, "hook", once)
-        got_b: list[Any] = []
-        got_c: list[Any] = []
-        b = _start(lambda: s.engine().add(owner(2))[0][1], got_b)
-        assert until(lambda: comb.pending() == 1)
-        c = _start(lambda: s.engine().add(owner(3))[0][1], got_c)
-        assert until(lambda: comb.pending() == 2)
-        s.gate.set()
-        for t in (a, b, c):
-            t.join(60)
-            assert not t.is_alive(), "a caller was never answered"
-        assert once.fired == 1, f"{point} was never reached"
-        outcomes = got_a + got_b + got_c
-        for o in outcomes:  # an address, or code 11 (its batch failed before it was decided)
-            assert isinstance(o, int) or (isinstance(o, CniError) and o.code == Code.TRY_AGAIN_LATER), o
-        assert sum(isinstance(o, int) for o in outcomes) >= 2
-        # the pool serves the next call, and settles: no thread left with its flag set
-        assert isinstance(s.engine().add(owner(4))[0][1], int)
-        assert comb.settle(30, drain=True)
-        pool = s.backend.pools[POOL].allocations
-        held = {r.owner.container_id for r in s.backend.reservations.values()}
-        for i, o in zip((1, 2, 3), outcomes, strict=True):
-            mine = [k for k, al in pool.items() if al.container_id == f"c{i}"]
-            if isinstance(o, int):
-                assert mine == [str(o)] and f"c{i}" in held  # answered and written
-            else:
-                assert mine == [] and f"c{i}" not in held  # refused: nothing of it left
-        assert "c4" in held and "c4" in {al.container_id for al in pool.values()}
-        assert sink.last == 0  # the gauge of answered, unwritten calls back to none
-    finally:
-        metrics.install(None)
+    e = s.engine()
+    comb = batch.combiner((e.identity, POOL))
+    got_a: list[Any] = []
+    a = _start(lambda: s.engine().add(owner(1))[0][1], got_a)
+    # A's write is held at the gate; B and C queue behind its batch
+    assert s.arrived.wait(30)
+    monkeypatch.setattr(faults, "hook", once)
+    got_b: list[Any] = []
+    got_c: list[Any] = []
+    b = _start(lambda: s.engine().add(owner(2))[0][1], got_b)
+    assert until(lambda: comb.pending() == 1)
+    c = _start(lambda: s.engine().add(owner(3))[0][1], got_c)
+    assert until(lambda: comb.pending() == 2)
+    s.gate.set()
+    for t in (a, b, c):
+        t.join(60)
+        assert not t.is_alive(), "a caller was never answered"
+    assert once.fired == 1, f"{point} was never reached"
+    outcomes = got_a + got_b + got_c
+    for o in outcomes:  # an address, or code 11 (its batch failed before it was decided)
+        assert isinstance(o, int) or (isinstance(o, CniError) and o.code == Code.TRY_AGAIN_LATER), o
+    assert sum(isinstance(o, int) for o in outcomes) >= 2
+    # the pool serves the next call, and settles: no thread left with its flag set
+    assert isinstance(s.engine().add(owner(4))[0][1], int)
+    assert comb.settle(30)
+    pool = s.backend.pools[POOL].allocations
+    held = {r.owner.container_id for r in s.backend.reservations.values()}
+    for i, o in zip((1, 2, 3), outcomes, strict=True):
+        mine = [k for k, al in pool.items() if al.container_id == f"c{i}"]
+        if isinstance(o, int):
+            assert mine == [str(o)] and f"c{i}" in held  # answered and written
+        else:
+            assert mine == [] and f"c{i}" not in held  # refused: nothing of it left
+    assert "c4" in held and "c4" in {al.container_id for al in pool.values()}
 
 
 def test_a_thread_that_cannot_start_its_batch_fails_what_it_took(
-    deferring: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    agent: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The fault at the very first step: the caller gets code 11, the next call a new thread."""
     s = Setup(tmp_path)
@@ -145,7 +121,7 @@ def test_a_thread_that_cannot_start_its_batch_fails_what_it_took(
 def test_a_caller_waits_with_a_bound(tmp_path: Path) -> None:
     """A batch under way that never ends (its execute held): a queued caller waits its budget, is
     withdrawn from the queue (never run later) and gets code 11; the held call finishes once released."""
-    comb = batch.Combiner(defer=HANG, idle=HANG)
+    comb = batch.Combiner()
     s = Setup(tmp_path)
     rng = s.conf.ranges[0]
     reached, release, ran = threading.Event(), threading.Event(), []
@@ -169,36 +145,4 @@ def test_a_caller_waits_with_a_bound(tmp_path: Path) -> None:
     release.set()
     t.join(30)
     assert first.state == batch.WRITTEN and ran == ["c1"]
-    assert comb.settle(30, drain=True) and ran == ["c1"] and late.state == batch.PENDING
-
-
-def test_an_unanswered_add_leaves_its_claims_to_the_batch_that_holds_it(tmp_path: Path) -> None:
-    """Engine: a caller that gave up while a batch holds its op (its reservation request held) does not
-    drop that op's reservation: the batch goes on and writes the address, which the runtime's DEL after
-    the failed ADD frees."""
-    conf = Setup(tmp_path).conf
-    rng = conf.ranges[0]
-    backend, gate, reached = Backend(), threading.Event(), threading.Event()
-    store = HeldClaim(backend, reservation_name(str(rng.address(1)), ""), gate, reached)
-    batch.share(True, pace=0.0, defer=HANG, idle=0.0)
-    try:
-        e = Engine(store, conf, Retry(limit=0.0), reopen=lambda: contextlib.nullcontext(store))
-        comb = batch.combiner((e.identity, POOL))
-        got: list[Any] = []
-        t = _start(lambda: e.add(owner(1)), got)  # waits 2 * limit + DEFER_MAX seconds at most
-        assert reached.wait(30)
-        t.join(60)
-        assert not t.is_alive()
-        [err] = got
-        assert isinstance(err, batch.Unanswered) and err.held and err.code == Code.TRY_AGAIN_LATER
-        gate.set()  # the batch holding it goes on: its reservation was not dropped under it
-        assert comb.settle(30, drain=True)
-        assert [r.owner.container_id for r in backend.reservations.values()] == ["c1"]
-        assert backend.pools[POOL].allocations["1"].container_id == "c1"
-        e.delete(owner(1))
-        assert comb.settle(30, drain=True)
-        assert backend.pools[POOL].allocations == {} and backend.reservations == {}
-    finally:
-        gate.set()
-        assert batch.settle_all(30)
-        batch.share(False)
+    assert comb.settle(30) and ran == ["c1"] and late.state == batch.PENDING

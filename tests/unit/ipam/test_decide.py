@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ipam import decide
-from ipam.decide import Add, Changes, Del, Displaced, Freed, Full, SnapshotView, Took
+from ipam.decide import Add, Changes, Del, Freed, Full, SnapshotView, Took
 from ipam.model import Allocation, Pool, PoolUpdate, Segment
 
 CONTAINERS = [f"c{i}" for i in range(8)]
@@ -171,8 +171,8 @@ def sequentially(segs: list[Segment], pool: Pool, batch: list[decide.Op]) -> lis
         alone = op
         if isinstance(op, Add):
             others = reserved.difference(op.reserved)
-            alone = Add(op.owner, op.reserved, op.blocked | freed | others, op.claims, op.answered,
-                        op.spread, op.pick, op.start)  # fmt: skip
+            alone = Add(op.owner, op.reserved, op.blocked | freed | others, op.claims, op.spread, op.pick,
+                        op.start)  # fmt: skip
         decided = decide.decide(SnapshotView(pool), [alone], segs)
         (outcome,) = decided.outcomes
         out.append(outcome)
@@ -261,21 +261,6 @@ def test_claims_reach_a_fixpoint_where_each_add_keeps_its_claim(case: Case, stra
             ):
                 continue  # a takeover by the pod's other container holds it now
             assert held[out.offset].same_attachment(op.owner) and out.offset not in strangers
-
-
-@given(cases())
-def test_an_answered_add_keeps_its_address_or_nothing(
-    case: Case,
-) -> None:
-    segs, pool, _ = case
-    newcomer = owner("c9", "ns/p9", "net1")
-    for offset in (o for lo, hi in segs for o in range(lo, hi + 1)):
-        changes = Changes(SnapshotView(pool))
-        out = decide.one(changes, Add(newcomer, answered=offset), segs)
-        if str(offset) in pool.allocations:
-            assert out == Displaced(offset) and not changes.update()
-        else:
-            assert out == Took(offset, "new") and changes.update().put == {str(offset): newcomer}
 
 
 @given(cases())

@@ -1,5 +1,5 @@
-"""The batch state machine of an IPAM operation (ipam.batch.Op.to): pending -> decided -> answered ->
-written | failed, every other move refused."""
+"""The batch state machine of an IPAM operation (ipam.batch.Op.to): pending -> decided -> written |
+failed, every other move refused."""
 
 from __future__ import annotations
 
@@ -8,20 +8,18 @@ import itertools
 import pytest
 
 from cni.errors import CniError, Code
-from ipam.batch import ANSWERED, DECIDED, FAILED, FINAL, PENDING, TRANSITIONS, WRITTEN, IllegalTransition, Op
+from ipam.batch import DECIDED, FAILED, FINAL, PENDING, TRANSITIONS, WRITTEN, IllegalTransition, Op
 from ipam.config import from_dict
 from ipam.model import Allocation
 
-STATES = (PENDING, DECIDED, ANSWERED, WRITTEN, FAILED)
+STATES = (PENDING, DECIDED, WRITTEN, FAILED)
 LEGAL = {
     (PENDING, DECIDED), (PENDING, FAILED),
-    (DECIDED, ANSWERED), (DECIDED, WRITTEN), (DECIDED, FAILED), (DECIDED, PENDING),
-    (ANSWERED, WRITTEN), (ANSWERED, FAILED), (ANSWERED, PENDING),
+    (DECIDED, WRITTEN), (DECIDED, FAILED), (DECIDED, PENDING),
     (FAILED, PENDING),
 }  # fmt: skip
 PATH = {  # a legal way from pending to each state
-    PENDING: (), DECIDED: (DECIDED,), ANSWERED: (DECIDED, ANSWERED), WRITTEN: (DECIDED, WRITTEN),
-    FAILED: (FAILED,),
+    PENDING: (), DECIDED: (DECIDED,), WRITTEN: (DECIDED, WRITTEN), FAILED: (FAILED,),
 }  # fmt: skip
 ERR = CniError("pool full", code=Code.POOL_EXHAUSTED)
 
@@ -60,14 +58,5 @@ def test_failed_takes_an_error_and_every_other_state_clears_it() -> None:
         op.to(DECIDED, ERR)
     op.to(FAILED, ERR)
     assert op.done and op.error is ERR
-    op.to(PENDING)  # taken back (a rewrite, a queue hand-back)
+    op.to(PENDING)  # taken back (a failure met on a stale view)
     assert not op.done and op.error is None
-
-
-def test_told_records_an_answer_once_given_across_a_rewrite() -> None:
-    op = op_in(ANSWERED)
-    assert op.told and not op.done
-    op.to(FAILED, ERR)  # its batch failed after the answer
-    op.to(PENDING)  # taken into the next batch (ipam.batch._owed)
-    assert op.told and op.state == PENDING  # decided again on the address it was answered with
-    assert not op_in(WRITTEN).told  # written without an early answer
