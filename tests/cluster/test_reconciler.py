@@ -49,10 +49,9 @@ def test_the_reconciler_frees_a_pod_deleted_while_its_del_could_not_run_and_neve
     gone = {str(a.ip) for a in addresses(node, ns, "gone", "net1")}
     live = addresses(node, ns, "live", "net1")
     assert len(gone) == 2 and len(live) == 2
-    # the agent answers an ADD once its addresses are reserved and writes the pools a moment later
-    # (ipam/batch.py, deferred writes): both pods' pool entries are awaited before the kubelet stops
-    kubenode.wait_for("both pods in the pools", lambda: all(
-        {f"{ns}/gone", f"{ns}/live"} <= pool_owners(node).get(p, set()) for p in POOLS), SETTLE)
+    # every call is answered after its pool write (docs/ipam.md): once the pods run, their entries exist
+    owners = pool_owners(node)
+    assert all({f"{ns}/gone", f"{ns}/live"} <= owners.get(p, set()) for p in POOLS), owners
     container = reconciler_container(node)
     since = now()
     # the agent's pod watch would free the pod first (tests/cluster/test_pod_watch.py): frozen meanwhile

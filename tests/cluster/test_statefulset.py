@@ -60,10 +60,8 @@ def test_a_statefulset_pod_recreated_under_its_name_keeps_a_correct_attachment(n
     assert old_uid
     old_tasks = running_tasks(node, ns, "sts-0")
     old_sandbox = sandbox_of(node, old_uid)
-    # the agent answers an ADD once its addresses are reserved and writes the pools a moment later
-    # (ipam/batch.py, deferred writes): the pools are awaited, the reservations are there at once
-    kubenode.wait_for("the pools holding sts-0 under its sandbox",
-                      lambda: holders(node, ref) == [old_sandbox, old_sandbox], SETTLE)
+    # every call is answered after its pool write (docs/ipam.md): once the pod runs, its entries exist
+    assert holders(node, ref) == [old_sandbox, old_sandbox]
 
     deleted = agent_metrics(node, "pycni_podwatch_events_total").get("DELETED", 0)
     node.kubectl("-n", ns, "delete", "pod", "sts-0", "--force", "--grace-period=0", timeout=120)
