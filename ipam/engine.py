@@ -26,7 +26,7 @@ from ipam.config import IpamConfig
 from ipam.model import Allocation, Attachment, Pool, PoolUpdate, PoolView, by_attachment, joined
 from ipam.ranges import IPRange, same_network
 from ipam.reservations import Reservations, reserved_for
-from ipam.retry import Retry, retrying
+from ipam.retry import Retry
 from ipam.store.base import Store
 from ipam.store.names import pool_name
 
@@ -64,9 +64,6 @@ class Engine:
 
     def reservation_name(self, rng: IPRange, offset: int) -> str:
         return self.reservations.name(rng, offset)
-
-    def _retrying[T](self, what: str, attempt: Callable[[], T]) -> T:
-        return retrying(self.retry, what, attempt)
 
     def view(self, rng: IPRange, floor: str = "") -> PoolView:
         """The pool as allocation sees it: the store's own view (inside `exclusive()`), else a snapshot
