@@ -46,7 +46,8 @@ RANGE = "198.18.200.0/24"
 
 
 def charge(cmd: list[str], env: dict[str, str], stdin: bytes, name: str) -> dict[str, Any]:
-    """Run cmd in a fresh memory cgroup: its peak charge, its largest process's peak RSS, the wall time."""
+    """Run cmd in a fresh memory cgroup: its peak charge, its largest process's peak RSS, its CPU time
+    (user + system, the call's processes; /usr/bin/time's resolution is 10 ms), the wall time."""
     group = CGROUP / name
     group.mkdir()
     try:
@@ -56,18 +57,19 @@ def charge(cmd: list[str], env: dict[str, str], stdin: bytes, name: str) -> dict
         fd, rss_path = tempfile.mkstemp(prefix=f"{name}-", suffix=".rss")
         os.close(fd)
         rss_file = Path(rss_path)
-        enter = ["/usr/bin/time", "-f", "%M", "-o", str(rss_file),
+        enter = ["/usr/bin/time", "-f", "%M %U %S", "-o", str(rss_file),
                  "sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
         t0 = time.perf_counter()
         proc = subprocess.run([*enter, *cmd], input=stdin, env=env, capture_output=True, check=False)
         wall = time.perf_counter() - t0
-        rss = int(rss_file.read_text().split()[-1])
+        rss, user, system = rss_file.read_text().split()[-3:]
         rss_file.unlink()
         peak = int((group / "memory.max_usage_in_bytes").read_text())
         stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
         if proc.returncode != 0:
             raise RuntimeError(f"{cmd}: rc {proc.returncode}: {proc.stdout[-500:]!r} {proc.stderr[-1500:]!r}")
-        return {"peak_mib": peak / 2**20, "maxrss_mib": rss / 1024,
+        return {"peak_mib": peak / 2**20, "maxrss_mib": int(rss) / 1024,
+                "cpu_ms": (float(user) + float(system)) * 1000,
                 "cache_mib": int(stat["cache"]) / 2**20, "wall_ms": wall * 1000}
     finally:
         group.rmdir()
@@ -152,13 +154,13 @@ def main(argv: list[str] | None = None) -> int:
                                       capture_output=True, check=False)
                 if proc.returncode != 0:
                     raise RuntimeError(f"DEL {side}: {proc.stdout!r} {proc.stderr[-800:]!r}")
-        print(f"| side | peak charge MiB | largest process RSS MiB | page cache MiB | ADD ms |  "
+        print(f"| side | peak charge MiB | largest process RSS MiB | page cache MiB | CPU ms | ADD ms |  "
               f"(median of {args.runs}; {' '.join(args.env) or 'no extra env'})")
-        print("|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|")
         for side in sides:
             med = {k: statistics.median(r[k] for r in results[side]) for k in results[side][0]}
             print(f"| {side} | {med['peak_mib']:.1f} | {med['maxrss_mib']:.1f} | {med['cache_mib']:.1f} | "
-                  f"{med['wall_ms']:.0f} |")
+                  f"{med['cpu_ms']:.0f} | {med['wall_ms']:.0f} |")
         print(json.dumps(results), file=sys.stderr)
         agent.terminate()
         agent.wait(60)
