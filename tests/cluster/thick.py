@@ -1,7 +1,7 @@
 """Multus thick (v4.3.0) on the real node as users run it, in place of the kit's Multus thin plugin, and
 back (shared by tests/cluster/test_thick.py and tests/bench/thick.py).
 
-Upstream's deployments/multus-daemonset-thick.yml (../shared/upstream/multus-thick, unchanged there) is
+Upstream's deployments/multus-daemonset-thick.yml (tests/cluster/upstream/multus-thick, unchanged) is
 applied with only the changes this node needs, each said in `docs`. There is no upstream image here:
 `image` makes one as images/Dockerfile.thick does (upstream's binaries at /usr/src/multus-cni/bin/,
 entrypoint multus-daemon, working dir "/") from the binaries built from upstream's sources, with
@@ -31,7 +31,7 @@ from tests import kubeup
 from tests.cluster import kubenode
 from tests.nsutil import RUN
 
-INPUTS = kubenode.UPSTREAM / "multus-thick"  # upstream's manifest and Dockerfile, unchanged
+INPUTS = Path(__file__).parent / "upstream" / "multus-thick"  # upstream's, unchanged (upstream/NOTICE)
 IMAGE = "kubenode.local/multus-thick:v4.3.0"
 NS = "kube-system"  # upstream's namespace, kept
 DS = "kube-multus-ds"
