@@ -72,11 +72,12 @@ def image(node: kubenode.Cluster) -> None:
         tar.unlink()
 
 
-def docs(thick: Thick, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def docs(thick: Thick, env: dict[str, str] | None = None, memory: str = "") -> list[dict[str, Any]]:
     """deployments/multus-daemonset-thick.yml with the changes this node needs, each said below; the rest
     (the daemon's command, its config, resources 100m CPU / 50Mi, privileged, hostNetwork, hostPID,
     tolerations, the mounts' container paths) runs as written. `env`: more environment for the
-    kube-multus container (the agent's FIFO of the test: see `install`)."""
+    kube-multus container (the agent's FIFO of the test: see `install`); `memory`: another memory
+    request = limit for it than upstream's 50Mi (tests/bench/thick.py --daemon-memory)."""
     node = thick.node
     out = []
     for doc in yaml.safe_load_all((INPUTS / "multus-daemonset-thick.yml").read_text()):
@@ -113,6 +114,8 @@ def docs(thick: Thick, env: dict[str, str] | None = None) -> list[dict[str, Any]
         (daemon,) = spec["containers"]
         if env:
             daemon["env"] += [{"name": k, "value": v} for k, v in env.items()]
+        if memory:
+            daemon["resources"]["requests"]["memory"] = daemon["resources"]["limits"]["memory"] = memory
         paths = {
             # containerd's conf_dir and bin_dir on this node are $CNI_CONF_DIR and $CNI_BIN_DIR
             "cni": node.cni_conf_dir, "cnibin": node.cni_bin_dir,
@@ -155,16 +158,16 @@ def prepare(node: kubenode.Cluster) -> Thick:
     return thin
 
 
-def install(thin: Thick, env: dict[str, str] | None = None) -> None:
+def install(thin: Thick, env: dict[str, str] | None = None, memory: str = "") -> None:
     """Thin Multus replaced by thick (see the module doc), awaited until the daemon runs, the shim is in
     the bin dir and the daemon's 00-multus.conf is the node's CNI config (type multus-shim, the node's
-    network as its delegate). `env`: see `docs`."""
+    network as its delegate). `env`, `memory`: see `docs`."""
     node = thin.node
     for sub in ("run", "var-lib-cni-multus", "run-k8s-cni-cncf-io", "etc-cni-multus-net.d"):
         (thin.dir / sub).mkdir(parents=True, exist_ok=True)
     _write(node.cni_conf_dir / PRIMARY, (node.dir / "cni" / "kubenode.conflist").read_bytes())
     image(node)
-    node.apply(docs(thin, env))
+    node.apply(docs(thin, env, memory))
     node.kubectl("-n", NS, "rollout", "status", f"daemonset/{DS}", "--timeout=300s", timeout=330)
     kubenode.wait_for("multus-daemon's 00-multus.conf (type multus-shim) in the conf dir",
                       lambda: multus_conf(node).get("type") == SHIM, 120)
