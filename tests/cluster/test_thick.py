@@ -39,6 +39,19 @@ PODS = 4
 NETWORK = "roce-shared"
 
 
+def served_once(node: kubenode.Cluster, command: str, since: dict[tuple[str, str], float],
+                calls: int) -> dict[tuple[str, str], float]:
+    """The agent's counts once it has counted `calls` macvlan `command`s since `since` (bounded wait);
+    exactly that many: none more (the agent served each call multus-daemon made, once)."""
+    def probe() -> dict[tuple[str, str], float] | None:
+        got = agent_served(node)
+        return got if got.get(("macvlan", command), 0) - since.get(("macvlan", command), 0) >= calls else None
+
+    got = kubenode.wait_for(f"the agent counting {calls} macvlan {command}s", probe, 60)
+    assert got[("macvlan", command)] - since.get(("macvlan", command), 0) == calls, (since, got)
+    return got
+
+
 def test_pods_attach_and_detach_through_the_agent_under_multus_thick(net: Net) -> None:
     node, ns = net.node, net.ns
     dirs = {d: snapshot(Path(node.env[d])) for d in ("CNI_BIN_DIR", "CNI_CONF_DIR")}
@@ -58,11 +71,11 @@ def test_pods_attach_and_detach_through_the_agent_under_multus_thick(net: Net) -
         first = ips[names[0]][0].ip if ips[names[0]][0].version == 4 else ips[names[0]][1].ip
         kubenode.wait_for(f"{names[1]} pings {first}", lambda: pinged(node, ns, names[1], str(first)), 60)
 
-        served = agent_served(node)
         adds = thick.delegate_calls(thick.daemon_log(node), ns, NETWORK, "Add")
         assert sorted(adds) == sorted(names), adds  # one delegate ADD per pod, no retry
-        # every ADD multus-daemon ran was served by the agent (an in-process call is not counted there)
-        assert served[("macvlan", "ADD")] - before.get(("macvlan", "ADD"), 0) == len(adds), (before, served)
+        # every ADD multus-daemon ran was served by the agent (an in-process call is not counted there);
+        # awaited: the agent counts a call once it has answered it
+        served = served_once(node, "ADD", before, len(adds))
         assert served[("errors", "all")] == before[("errors", "all")], served
         assert thick.daemon_restarts(node) == (0, 0)
 
@@ -70,10 +83,9 @@ def test_pods_attach_and_detach_through_the_agent_under_multus_thick(net: Net) -
                      timeout=SETTLE + 30)
         kubenode.wait_for("the pools and reservations free of the deleted pods",
                           lambda: settled(node, refs), SETTLE)
-        after = agent_served(node)
         dels = thick.delegate_calls(thick.daemon_log(node), ns, NETWORK, "Del")
         assert set(dels) == set(names), dels
-        assert after[("macvlan", "DEL")] - served.get(("macvlan", "DEL"), 0) == len(dels), (served, after)
+        after = served_once(node, "DEL", served, len(dels))
         assert after[("errors", "all")] == before[("errors", "all")], after
         assert not any(o.startswith(f"{ns}/") for o in set().union(*pool_owners(node).values()))
         assert sandbox_failures(node, ns) == []
