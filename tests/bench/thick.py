@@ -9,8 +9,8 @@ one IPPool). Measured per round: pods Running within the timeout (default 180 s)
 were, multus-daemon's restarts and OOM kills during the round (its container's restartCount, and the
 terminations whose reason was OOMKilled, polled), the failure events (FailedCreatePodSandBox /
 FailedKillPod), then from one `kubectl delete` of the pods to all gone (at most 120 s) and what the pool
-still holds; multus-daemon's memory cgroup (peak since its start), and with the agent its cgroup's peak
-and the CPU seconds it used in the round.
+still holds then and up to 60 s later (until it is empty); multus-daemon's memory cgroup (peak since its
+start), and with the agent its cgroup's peak and the CPU seconds it used in the round.
 Between rounds the multus-daemon pod is replaced (its restart count and crash-loop back-off start again).
 
 Sides, one after the other on the same cluster (as tests/bench/cluster.py does them):
@@ -177,7 +177,17 @@ def run(side: str, node: kubenode.Cluster, n: int, master: str, work: Path, time
                 gone = time.monotonic() - start
                 break
             time.sleep(1.0)
+        at_gone = pool_size(node)
+        empty = float("nan")  # then up to 60 s more for the pool to empty (a DEL still running, retried)
+        start = time.monotonic()
+        while time.monotonic() < start + 60.0:
+            if pool_size(node) == 0:
+                empty = time.monotonic() - start
+                break
+            watch.poll()
+            time.sleep(1.0)
         return {"side": side, "pods": n, "round": round_, "running": len(running),
+                "left_in_pool_when_gone": at_gone, "pool_empty_after_gone_s": empty,
                 "all_running_s": all_running, "daemon_restarts": watch.restarts, "oom_kills": watch.ooms,
                 "failure_events": failed, "held_at_end_of_wait": held, "all_gone_s": gone,
                 "left_in_pool": pool_size(node), "multus_daemon_memory": daemon_mem,
@@ -195,15 +205,15 @@ def run(side: str, node: kubenode.Cluster, n: int, master: str, work: Path, time
 
 def table(results: list[dict[str, Any]]) -> str:
     rows = ["| side | pods | round | Running | all Running (s) | multus-daemon restarts | OOM kills | "
-            "failure events | left in pool after delete | multus-daemon peak MiB | agent peak MiB, CPU s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "failure events | in pool when gone, 60 s later | multus-daemon peak MiB | "
+            "agent peak MiB, CPU s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         t = "-" if math.isnan(r["all_running_s"]) else f"{r['all_running_s']:.0f}"
+        peak = r["multus_daemon_memory"].get("peak_mib", float("nan"))
+        agent = f"{r['agent_memory']['peak_mib']:.0f}, {r['agent_cpu_s']:.1f}" if r["agent_memory"] else "-"
         rows.append(f"| {r['side']} | {r['pods']} | {r['round']} | {r['running']}/{r['pods']} | {t} | "
                     f"{r['daemon_restarts']} | {r['oom_kills']} | {r['failure_events']} | "
-                    f"{r['left_in_pool']} | {r['multus_daemon_memory'].get('peak_mib', float('nan')):.0f} | "
-                    + (f"{r['agent_memory']['peak_mib']:.0f}, {r['agent_cpu_s']:.1f} |" if r["agent_memory"]
-                       else "- |"))
+                    f"{r.get('left_in_pool_when_gone', '?')}, {r['left_in_pool']} | {peak:.0f} | {agent} |")
     return "\n".join(rows)
 
 
