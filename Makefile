@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv lock check-repro deps lint typecheck unit e2e test demo bench bench-bundle bench-ipam bench-ipam-scale bench-warm bench-rail bench-cluster driver bundle image clean fuzz
+.PHONY: all venv lock check-repro deps lint typecheck unit e2e test demo bench bench-bundle bench-ipam bench-ipam-scale bench-warm bench-rail bench-cluster bench-thick driver bundle image clean fuzz
 all: venv
 
 # Every dependency, runtime, build and dev, is installed from the locks (exact versions and sha256
@@ -138,6 +138,14 @@ bench-rail: deps venv driver bundle
 # dist/bench/).
 bench-cluster: deps venv
 	$(PY) -m tests.bench.cluster $(ARGS)
+
+# Multus thick (upstream v4.3.0's DaemonSet, 100m CPU / 50Mi) on a real node: N pods at once (default 6
+# and 12) with pycni's agent, without it (the plugins in multus-daemon's container) and with Debian's Go
+# macvlan + upstream whereabouts: pods Running, multus-daemon restarts and OOM kills, time to all
+# Running (tests/bench/thick.py; not a timed test; ARGS="-n 6,12 --rounds 3"; JSON in dist/bench/).
+# Beside it, the memory one in-process ADD charges a cgroup: python -m tests.bench.call_memory.
+bench-thick: deps venv
+	$(PY) -m tests.bench.thick $(ARGS)
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis

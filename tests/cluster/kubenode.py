@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -154,13 +155,14 @@ class Cluster:
                               check=True, timeout=300)
 
 
-def up(workdir: Path) -> Cluster:
-    """kube-node-up with MULTUS=1 KUBE_PROXY=1 (the caller holds KubeProxyLock)."""
+def up(workdir: Path, kube_proxy: bool = True) -> Cluster:
+    """kube-node-up with MULTUS=1 and KUBE_PROXY=1 (the caller holds KubeProxyLock); `kube_proxy=False`:
+    without kube-proxy (no lock needed; then the `kubernetes` Service does not work: see `api_env`)."""
     host = workdir / "host"
     (host / "run-pycni").mkdir(parents=True)
     (host / "var-lib-cni").mkdir()
     (host / "devinfo").mkdir()
-    env = {**os.environ, "MULTUS": "1", "KUBE_PROXY": "1", "UP_TMPDIR": str(workdir),
+    env = {**os.environ, "MULTUS": "1", "KUBE_PROXY": "1" if kube_proxy else "0", "UP_TMPDIR": str(workdir),
            "PYCNI_AGENT_FIFO": str(host / "run-pycni" / "agent.fifo")}
     proc = subprocess.run([str(UPSTREAM / "kube-node-up")], capture_output=True, text=True, env=env,
                           check=False, timeout=900)
@@ -173,6 +175,13 @@ def up(workdir: Path) -> Cluster:
             k, v = line.split("=", 1)
             values[k] = v.strip('"')
     return Cluster(state, values, host)
+
+
+def api_env(cluster: Cluster) -> dict[str, str]:
+    """KUBERNETES_SERVICE_HOST/PORT naming the API server itself: what in-cluster clients on the host
+    network need on a cluster without kube-proxy (a container's own env wins over the kubelet's)."""
+    url = urlsplit(cluster.env["APISERVER_URL"])
+    return {"KUBERNETES_SERVICE_HOST": url.hostname or "", "KUBERNETES_SERVICE_PORT": str(url.port)}
 
 
 def down(cluster_dir: Path) -> None:
