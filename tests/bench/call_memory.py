@@ -12,7 +12,7 @@ Median of RUNS (3) per side, all sides in one run, interleaved.
 
 Sides:
 - pycni-agent: the frozen macvlan entry handing its call to a frozen pycni-agent (started by the bench,
-  outside the cgroup, `--defer-writes 0`): what a call costs the caller's cgroup with the agent up (the
+  outside the cgroup): what a call costs the caller's cgroup with the agent up (the
   shim waits for the agent's answer);
 - pycni-inproc: pycni's frozen macvlan (dist/cni-bin, `make bundle`), IPAM in-process (CNI_PATH is the
   bundle), no agent (PYCNI_AGENT_FIFO names a FIFO that does not exist: the agent down);
@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         wrapper.chmod(0o755)
         fifo = work / "agent" / "agent.fifo"
         fifo.parent.mkdir(mode=0o700)
-        agent = subprocess.Popen([str(bundle / "pycni-agent"), "--fifo", str(fifo), "--metrics", "off",
-                                  "--defer-writes", "0"], stdout=subprocess.DEVNULL,
+        agent = subprocess.Popen([str(bundle / "pycni-agent"), "--fifo", str(fifo), "--metrics", "off"],
+                                 stdout=subprocess.DEVNULL,
                                  stderr=open(work / "agent.log", "wb"))  # noqa: SIM115 (closed with work)
         deadline = time.monotonic() + 60
         while not fifo.exists():
