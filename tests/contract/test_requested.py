@@ -1,6 +1,6 @@
 """Requested addresses (ipam.requested, issue 25) on every store (local, etcd, Kubernetes on the session's
 real kube-apiserver), each standalone (the plugin as a process) and through the node-local agent
-(cni.agent, from source; on the Kubernetes store with its deferred writes): exactly the requested
+(cni.agent, from source): exactly the requested
 address, the other family allocated as usual, a repeated ADD answered alike; a second pod asking for it,
 and a pod of another network on an overlapping range, get code 109 naming the holder and leave nothing
 behind; an unrequested ADD never gets it; DEL releases it for the next pod that asks. Node slices on

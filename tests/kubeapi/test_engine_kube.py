@@ -35,7 +35,7 @@ def _engine(tenant: Tenant, tmp: Path) -> tuple[Engine, list[tuple[str, str]]]:
 
 @pytest.fixture
 def agent() -> Iterator[None]:
-    """The agent's sharing (not deferring, unpaced): each pool's memory kept with its combiner."""
+    """The agent's sharing: each pool's memory kept with its combiner."""
     batch.share(True)
     yield
     batch.share(False)
