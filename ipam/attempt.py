@@ -36,8 +36,27 @@ from ipam.retry import retrying
 from ipam.store.base import Conflict, StoreUnavailable
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from ipam.engine import Engine
+if TYPE_CHECKING:  # (typing costs every call: annotations only)
+    from contextlib import AbstractContextManager
+    from typing import Protocol
+
+    from ipam.reservations import Reservations
+    from ipam.retry import Retry
+    from ipam.store.base import Store
+
+    class Access(Protocol):
+        """What an attempt uses of its pool's store and configuration (ipam.engine.Engine is one): the
+        executors and the attempt reach the engine through this, never by importing it."""
+
+        store: Store
+        retry: Retry
+        reservations: Reservations
+
+        def view(self, rng: IPRange, floor: str = "") -> PoolView: ...
+        def commit(self, view: PoolView, update: PoolUpdate) -> str: ...
+        def atomic(self, pool: str = "", node: str = "") -> AbstractContextManager[nodelock.Held | None]: ...
+        def lean_for(self, op: Op) -> bool: ...
+        def reservation_name(self, rng: IPRange, offset: int) -> str: ...
 
 SPREAD_MAX = 32  # after lost races, pick among at most this many of the lowest free addresses
 HOT_SECONDS = 10.0  # after a race lost to another node, this node's calls scatter at once for this long
@@ -107,7 +126,7 @@ class Attempt:
     pool as stored (a cached read may not hold what that write met)."""
 
     def __init__(
-        self, engine: Engine, name: str, ops: list[Op], memory: Memory, releases: bool = False
+        self, engine: Access, name: str, ops: list[Op], memory: Memory, releases: bool = False
     ) -> None:
         self.e, self.name, self.ops, self.memory = engine, name, ops, memory
         self.releases = releases  # DELs release their reservations in the batch, and are written only then

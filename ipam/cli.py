@@ -27,6 +27,7 @@ from cni import jsonio, metrics
 from cni.errors import CniError, ConfigError
 from ipam import config, removal
 from ipam.model import Allocation, Attachment, Pool, by_attachment, joined
+from ipam.podsource import PodSource
 from ipam.retry import Retry
 from ipam.store.base import Store
 from ipam.store.names import pool_name, reservation_name
@@ -212,8 +213,20 @@ def cmd_release(
     return 0
 
 
+def open_pod_source(spec: str, store: config.StoreConfig) -> PodSource:
+    """`--pods`: `file:PATH` or `kubernetes` (uses the store's kubeconfig)."""
+    if spec.startswith("file:"):
+        from ipam.podsource import FilePodSource
+
+        return FilePodSource(spec[5:])
+    if spec == "kubernetes":
+        from ipam import kubepods
+
+        return kubepods.open_pod_source(store)
+    raise ConfigError(f'--pods: unknown pod source "{spec}" (expected file:PATH or kubernetes)')
+
+
 def cmd_reconcile(store: Store, args: argparse.Namespace, conf: config.StoreConfig, out: TextIO) -> int:
-    from ipam.podsource import open_pod_source
     from ipam.reconciler import Finding, Reconciler, Report, run_forever
 
     pods = open_pod_source(args.pods, conf)

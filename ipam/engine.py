@@ -55,6 +55,10 @@ class Engine:
         self.lean = conf.overlapping and s.datastore == "kubernetes"
         self.reservations = Reservations(store, conf, self.retry, self.pool_name, self.atomic)
 
+    def on(self, store: Store) -> Engine:
+        """This engine on another handle of its store (the agent's batch thread has its own)."""
+        return type(self)(store, self.conf, self.retry, self.reopen)
+
     def lean_for(self, op: Op) -> bool:
         """Whether `op`'s pool entry is written without extras (its reservation carries them)."""
         return op.overlapping and self.conf.store.datastore == "kubernetes"

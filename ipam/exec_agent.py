@@ -16,10 +16,27 @@ from ipam.batch import Op
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ipam.engine import Engine
+    import contextlib
+    from typing import Protocol
+
+    from ipam.attempt import Access
+    from ipam.config import IpamConfig
+    from ipam.ranges import IPRange
+    from ipam.store.base import Store
+
+    class Shared(Access, Protocol):
+        """What the agent's executor uses of the engine besides the attempt's part (Engine is one)."""
+
+        conf: IpamConfig
+        identity: str
+        reopen: Callable[[], contextlib.AbstractContextManager[Store]] | None
+
+        def pool_name(self, rng: IPRange) -> str: ...
+        def release(self, op: Op) -> None: ...
+        def on(self, store: Store) -> Shared: ...
 
 
-def run(engine: Engine, ops: list[Op]) -> None:
+def run(engine: Shared, ops: list[Op]) -> None:
     """Run the ops of one range (one pool) through the pool's combiner; each op's error is left on it.
     A call waits for a batch under way and its own, each bounded by the retry limit."""
     name = engine.pool_name(ops[0].rng)
@@ -27,10 +44,10 @@ def run(engine: Engine, ops: list[Op]) -> None:
     comb.run(ops, _executor(engine, name, comb), 2 * engine.retry.limit)
 
 
-def _executor(engine: Engine, name: str, comb: batch.Combiner) -> Callable[[list[Op]], None]:
+def _executor(engine: Shared, name: str, comb: batch.Combiner) -> Callable[[list[Op]], None]:
     """A batch as the combiner's thread runs it: with a store handle of its own (the callers' may be
     back at work elsewhere) and the pool's memory."""
-    conf, retry, reopen, make = engine.conf, engine.retry, engine.reopen, type(engine)
+    conf, reopen = engine.conf, engine.reopen
 
     def execute(group: list[Op]) -> None:
         from ipam.store.handles import BATCH, store_for
@@ -38,14 +55,14 @@ def _executor(engine: Engine, name: str, comb: batch.Combiner) -> Callable[[list
         if not isinstance(comb.memory, Memory):  # the pool's, kept with its combiner
             comb.memory = Memory(kept=True)
         with reopen() if reopen is not None else store_for(conf.store, BATCH) as store:
-            e = make(store, conf, retry, reopen)
+            e = engine.on(store)
             Attempt(e, name, group, comb.memory, releases=True).run()
             _release_freed(e, group)
 
     return execute
 
 
-def _release_freed(engine: Engine, group: list[Op]) -> None:
+def _release_freed(engine: Shared, group: list[Op]) -> None:
     """The batch's DELs release their reservations before the batch ends: its callers then return
     together and their next calls meet in the next batch. An op's failure is its own."""
     for op in group:

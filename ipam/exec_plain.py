@@ -13,10 +13,16 @@ from ipam.batch import FAILED, Op
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ipam.engine import Engine
+    from typing import Protocol
+
+    from ipam.attempt import Access
+    from ipam.ranges import IPRange
+
+    class Plain(Access, Protocol):
+        def pool_name(self, rng: IPRange) -> str: ...
 
 
-def run(engine: Engine, ops: list[Op]) -> None:
+def run(engine: Plain, ops: list[Op]) -> None:
     """Run the ops of one range (one pool) to completion; each op's error is left on it."""
     try:
         Attempt(engine, engine.pool_name(ops[0].rng), ops, Memory()).run()

@@ -6,7 +6,8 @@ A source must answer "this pod does not exist" only when it knows; when it canno
 forbidden), it raises PodSourceError and the reconciler frees nothing for that pod.
 
 Sources: `file:PATH` (JSON list or JSON lines of {"namespace", "name", "uid"}: for tests, drills and
-nodes without Kubernetes) here; `kubernetes` in ipam.kubepods (written with the Kubernetes store)."""
+nodes without Kubernetes) here; `kubernetes` in ipam.kubepods (written with the Kubernetes store); the
+CLI chooses (ipam.cli `--pods`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from typing import Protocol
 
 from cni import jsonio
 from cni.errors import ConfigError, TryAgainError
-from ipam.config import StoreConfig
 
 
 @dataclass(frozen=True)
@@ -64,14 +64,3 @@ class FilePodSource:
 
     def close(self) -> None:
         pass
-
-
-def open_pod_source(spec: str, store: StoreConfig) -> PodSource:
-    """`file:PATH` or `kubernetes` (uses the store's kubeconfig)."""
-    if spec.startswith("file:"):
-        return FilePodSource(spec[5:])
-    if spec == "kubernetes":
-        from ipam import kubepods
-
-        return kubepods.open_pod_source(store)
-    raise ConfigError(f'--pods: unknown pod source "{spec}" (expected file:PATH or kubernetes)')
