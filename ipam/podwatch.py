@@ -104,6 +104,9 @@ class PodWatch:
         self.known: dict[PodKey, str] | None = None  # the node's pods as last seen (key -> uid)
         self.version = ""  # the resourceVersion to resume from ("" : list first)
         self.lists = 0  # LISTs made (start and every relist)
+        # the server refused the watch's credentials (401, 403): it ended, to be opened again from the
+        # node's flat file (its kubeconfig may have changed: another installer's, then ours again)
+        self.refused = threading.Event()
         self._threads: list[threading.Thread] = []
 
     # the watch
@@ -182,6 +185,10 @@ class PodWatch:
                     self.version = ""
                     metrics.sink().watch_event("GONE")
                     continue
+                if e.status in (401, 403):
+                    self._failed(e, 0.0)
+                    self.refused.set()
+                    return
                 self._failed(e, delay)
             except (Unreachable, CniError, OSError, ValueError) as e:
                 self._failed(e, delay)

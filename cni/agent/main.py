@@ -97,8 +97,10 @@ def start_pod_watch(spec: str, env: dict[str, str] | os._Environ[str] = os.envir
                     every: float = WATCH_RETRY) -> threading.Event | None:  # fmt: skip
     """Start the pod watch (ipam.podwatch) in the background, unless `spec` is off or no NODENAME is set
     (auto). Until the flat file names a store (the installer writes it next to us) it is looked for
-    every `every` seconds; a store other than Kubernetes ends it (logged: the reconciler frees then).
-    The event stops it. It never holds up or fails a plugin call: its own threads, its own clients."""
+    every `every` seconds; a store other than Kubernetes ends it (logged: the reconciler frees then). A
+    watch whose credentials the server refuses is opened again from the flat file (the kubeconfig it
+    names may have changed since). The event stops it. It never holds up or fails a plugin call: its
+    own threads, its own clients."""
     from cni.agent.server import say
 
     node = env.get("NODENAME", "")
@@ -131,9 +133,13 @@ def start_pod_watch(spec: str, env: dict[str, str] | os._Environ[str] = os.envir
                 continue
             say(f"pod watch on node {node}")
             watch.start()
-            stop.wait()
+            while not stop.wait(every) and not watch.refused.is_set():
+                pass
             watch.close()
-            return
+            if stop.is_set():
+                return
+            say("pod watch: its credentials were refused; opened again from the flat file")
+            told = False
 
     threading.Thread(target=opener, name="pod-watch-open", daemon=True).start()
     return stop

@@ -209,6 +209,24 @@ def test_a_dropped_watch_resumes_from_its_version_and_a_410_answer_relists() -> 
     assert {("ns", "a"): {"ua"}} in gone
 
 
+def test_refused_credentials_end_the_watch_to_be_opened_again() -> None:
+    """A 401 or 403 (the kubeconfig the watch was opened with no longer works: another installer's
+    pod-bound token, say) ends the watch with `refused` set; the agent opens it again from the flat
+    file (cni.agent.main start_pod_watch). Other errors are retried on the same watch."""
+    for status in (401, 403):
+        client = Script([listing("10")], [[ApiError(status, "Unauthorized")]])
+        w = watcher(client)
+        w.run_watch()  # returns on its own: not stopped, refused
+        assert w.refused.is_set() and not w.stop.is_set()
+    client = Script([listing("10")], [[ApiError(500, "boom")]])  # then "no more": Unreachable
+    w = watcher(client)
+    stopper = threading.Timer(0.0, w.stop.set)  # (backoff 0: it retries until stopped)
+    stopper.start()
+    w.run_watch()
+    stopper.join()
+    assert not w.refused.is_set()
+
+
 def test_the_sweeper_takes_every_queued_deletion_as_one_pass() -> None:
     store = seeded()
     pods = Pods(PodInfo("ns", "db-0", "uid-new"))
@@ -252,3 +270,40 @@ def test_the_agent_starts_the_watch_only_with_a_node_name_and_a_kubernetes_store
         err += capfd.readouterr().err
     assert "the node's store is local" in err
     stop.set()
+
+
+class OpenedWatch:
+    """A watch the agent's opener started: refused at once (the first), or running until closed."""
+
+    def __init__(self, refused: bool) -> None:
+        self.refused, self.closed = threading.Event(), threading.Event()
+        if refused:
+            self.refused.set()
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_the_agent_opens_a_refused_watch_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cni.agent.main import start_pod_watch
+    from ipam import podwatch
+
+    opened: list[OpenedWatch] = []
+
+    def open_pod_watch(node: str, path: str, say: Any) -> OpenedWatch:
+        opened.append(OpenedWatch(refused=not opened))
+        return opened[-1]
+
+    monkeypatch.setattr(podwatch, "open_pod_watch", open_pod_watch)
+    stop = start_pod_watch("auto", {"NODENAME": "node-a"}, every=0.01)
+    assert stop is not None
+    deadline = time.monotonic() + 60
+    while len(opened) < 2:  # the opener thread saw the first refused and opened a second
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert opened[0].closed.is_set() and not opened[1].closed.is_set()
+    stop.set()
+    assert opened[1].closed.wait(60) and len(opened) == 2
