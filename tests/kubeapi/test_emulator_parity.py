@@ -257,5 +257,7 @@ def test_authentication_and_rbac_refusals(sides: list[Side]) -> None:
         f'resource "ippools" in API group "{GROUP}" in the namespace "NS"'
     )
     same_error(both(sides, "POST", "", pool(), who=RECONCILER_SA), 403, "Forbidden")
-    same_error(both(sides, "GET", ("pods", "p", ""), who=NODE_SA), 403, "Forbidden")
+    # the node's agent reads its node's pods (its pod watch: ClusterRole pycni-node), never deletes one
+    same_error(both(sides, "GET", ("pods", "p", ""), who=NODE_SA), 404, "NotFound")
+    same_error(both(sides, "DELETE", ("pods", "p", ""), who=NODE_SA), 403, "Forbidden")
     same_error(both(sides, "GET", ("pods", "p", ""), who=RECONCILER_SA), 404, "NotFound")
