@@ -216,7 +216,7 @@ class Connection:
         sock, reader = self._open()
         try:
             sock.sendall(_message("GET", target, self.authority, None, headers))
-            status, fields = _head(reader)
+            status, _, fields = _head(reader)
         except TimeoutError as e:
             self.close()
             raise SlowAnswer(*e.args) from None
@@ -319,17 +319,7 @@ class _Reader:
 
 def _answer(reader: _Reader, method: str) -> tuple[int, bytes, bool]:
     """(status, body, keep the connection)."""
-    while True:
-        line = reader.line()
-        if not line:
-            raise Closed("the server closed the connection without an answer")
-        parts = line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise BadAnswer(f"not an HTTP/1.x status line: {line[:80]!r}")
-        status, version = int(parts[1]), parts[0]
-        fields = _fields(reader)
-        if not 100 <= status < 200:  # an interim answer (100 Continue) is followed by the real one
-            break
+    status, version, fields = _head(reader)
     conn = fields.get("connection", "").lower()
     keep = "keep-alive" in conn if version == b"HTTP/1.0" else "close" not in conn
     if method == "HEAD" or status in (204, 304):
@@ -385,7 +375,9 @@ def describe(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
-def _head(reader: _Reader) -> tuple[int, dict[str, str]]:
+def _head(reader: _Reader) -> tuple[int, bytes, dict[str, str]]:
+    """The answer's status, HTTP version and header fields; an interim answer (100 Continue) is
+    followed by the real one."""
     while True:
         line = reader.line()
         if not line:
@@ -393,9 +385,9 @@ def _head(reader: _Reader) -> tuple[int, dict[str, str]]:
         parts = line.split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
             raise BadAnswer(f"not an HTTP/1.x status line: {line[:80]!r}")
-        status, fields = int(parts[1]), _fields(reader)
+        status, version, fields = int(parts[1]), parts[0], _fields(reader)
         if not 100 <= status < 200:
-            return status, fields
+            return status, version, fields
 
 
 def _lines(conn: Connection, reader: _Reader, chunked: bool, length: str | None) -> Iterator[bytes]:
