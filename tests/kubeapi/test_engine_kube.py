@@ -16,7 +16,7 @@ from ipam import batch
 from ipam.config import from_dict
 from ipam.engine import Engine
 from ipam.model import Allocation, PoolUpdate, Reservation
-from tests.kubeapi.factory import counting_store, open_kube
+from tests.kubeapi.factory import CountingClient, counting_store, open_kube
 from tests.kubeup import Tenant
 from tests.logtee import PYTHONPATH
 
@@ -106,16 +106,9 @@ def test_a_hot_add_reads_the_pool_from_the_servers_cache_no_older_than_this_node
     """Another node raced this one lately (the pool is hot): the agent's ADD reads the pool, as a GET
     with the resourceVersion of its last write (the API server answers from its watch cache once that
     holds it, instead of reading etcd), and sees that write and the other writer's."""
-    store, client = counting_store(tenant.node)
-    engine, _ = _engine(tenant, tmp_path)
-    again = Engine(store, engine.conf, reopen=lambda: contextlib.nullcontext(store))
-    again.add(A)
-    other = open_kube(tenant.node)
-    pool = other.get_pool(POOL)
-    assert pool is not None
-    other.put_reservation(Reservation("198.51.100.9", B))
-    other.commit_pool(pool, PoolUpdate(put={"9": B}))
-    other.close()
+    again, _ = _b_written_elsewhere_after_a(tenant, tmp_path)
+    client = again.store.client  # (tests.kubeapi.factory.CountingClient: its requests and queries)
+    assert isinstance(client, CountingClient)
     memory = batch.combiner((again.identity, POOL)).memory
     floor = memory.floor
     memory.heat(60)
