@@ -31,9 +31,9 @@ from typing import Any
 
 from tests import agentutil
 from tests.bench.macvlan import one_cycle
-from tests.bench.warm import BUNDLE, Side, alternate, environ
+from tests.bench.warm import BUNDLE, Side, alternate, cannot_run, environ
 from tests.e2e import libcni
-from tests.nsutil import Topology, is_root, sh
+from tests.nsutil import Topology, sh
 
 
 def conflist(master: str, data_dir: Path, *, rail: bool = False, chain: bool = False) -> dict[str, Any]:
@@ -75,13 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--cycles", type=int, default=int(os.environ.get("BENCH_N", "20")))
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args(argv)
-    if not is_root():
-        print("make bench-rail needs root: it creates network namespaces and links", file=sys.stderr)
-        return 1
-    for need in (BUNDLE / "macvlan", BUNDLE / "pycni-agent"):
-        if not need.exists():
-            print(f"missing {need}: run `make bundle`", file=sys.stderr)
-            return 2
+    unready = cannot_run("make bench-rail")
+    if unready:
+        return unready
     topo = Topology()
     try:
         with tempfile.TemporaryDirectory(prefix="pycni-rail-") as tmp, environ(PYCNI_PLUGIN_DIR=str(BUNDLE)):

@@ -158,18 +158,27 @@ def report(title: str, med: dict[str, float], unit_note: str) -> None:
     print(f"  {unit_note}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-n", "--cycles", type=int, default=int(os.environ.get("BENCH_N", "20")))
-    ap.add_argument("--pods", type=int, default=5, help="16-attachment pods per side")
-    args = ap.parse_args(argv)
+def cannot_run(target: str) -> int:
+    """The exit code when `target` cannot run here (not root: 1; no frozen macvlan and agent: 2), said on
+    stderr; 0 when it can."""
     if not is_root():
-        print("make bench-warm needs root: it creates network namespaces and links", file=sys.stderr)
+        print(f"{target} needs root: it creates network namespaces and links", file=sys.stderr)
         return 1
     for need in (BUNDLE / "macvlan", BUNDLE / "pycni-agent"):
         if not need.exists():
             print(f"missing {need}: run `make bundle`", file=sys.stderr)
             return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", "--cycles", type=int, default=int(os.environ.get("BENCH_N", "20")))
+    ap.add_argument("--pods", type=int, default=5, help="16-attachment pods per side")
+    args = ap.parse_args(argv)
+    unready = cannot_run("make bench-warm")
+    if unready:
+        return unready
     topo = Topology()
     try:
         with tempfile.TemporaryDirectory(prefix="pycni-warm-") as tmp, \
