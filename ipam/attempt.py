@@ -1,6 +1,6 @@
 """One attempt at a batch of one pool, whatever the execution mode: under the node lock, every op not yet
 done decided in turn through the core (ipam.decide) on the pool, then one compare-and-swap write.
-ipam.retry runs attempts until one writes; each op's state (ipam.batch.Op.to) says where it is. The two
+ipam.retry runs attempts until one writes; each op's state (ipam.operation.Op.to) says where it is. The two
 execution modes (a plugin process: ipam.exec_plain; the agent: ipam.exec_agent) differ only in what
 they pass: the pool's `Memory`, and whether the batch releases its DELs' reservations itself.
 
@@ -26,11 +26,11 @@ import time
 
 from cni import faults, log
 from cni.errors import CniError, TryAgainError
-from ipam import allocator, batch, decide, nodelock
+from ipam import allocator, decide, nodelock, operation
 from ipam.allocator import SnapshotView
-from ipam.batch import Claims, Op
 from ipam.decide import Changes
 from ipam.model import Pool, PoolUpdate, PoolView
+from ipam.operation import Claims, Op
 from ipam.ranges import IPRange, same_network
 from ipam.retry import retrying
 from ipam.store.base import Conflict, StoreUnavailable
@@ -58,6 +58,8 @@ if TYPE_CHECKING:  # (typing costs every call: annotations only)
         def lean_for(self, op: Op) -> bool: ...
         def reservation_name(self, rng: IPRange, offset: int) -> str: ...
 
+KEPT, CACHED, STORED = "kept", "cached", "stored"
+SOURCES = (KEPT, CACHED, STORED)  # where a batch's view of the pool comes from, in order (decide_batch)
 SPREAD_MAX = 32  # after lost races, pick among at most this many of the lowest free addresses
 HOT_SECONDS = 10.0  # after a race lost to another node, this node's calls scatter at once for this long
 
@@ -160,7 +162,7 @@ class Attempt:
             memory.wrote(lock, self.e.store.written(self.name, version) if memory.kept else None, version)
         for op in decided:  # a mode that releases in the batch: its DELs written once released
             if op.kind == "add" or not self.releases:
-                op.to(batch.WRITTEN)
+                op.to(operation.WRITTEN)
         for op in decided:
             if op.kind == "add":
                 log.debug("%s %s: %s (%s)", op.owner.container_id, op.owner.ifname,
@@ -195,67 +197,69 @@ class Attempt:
     def decide_batch(
         self, rng: IPRange, lock: nodelock.Held | None, pending: list[Op], hot: bool | None
     ) -> tuple[PoolView, Pass, bool]:
-        """Decide the batch: (the view decided on, the pass, whether the view is the one this process
-        kept, its snapshot: Memory). The snapshot serves DELs, and ADDs while no other node raced this
-        one on the pool and no foreign write was seen lately: an ADD must see every entry of its pod,
-        also one written outside this node's lock (upstream whereabouts during a migration), so its
-        write then needs the whole pool still at the snapshot's version. A snapshot found stale on the
-        way (a candidate's reservation is newer than it: the first such stops the pass before another
-        candidate is reserved; or an ADD failed on it) is no lost race: the pool is read and the batch
-        decided again (each op keeps the reservations it made, all of lowest free addresses).
+        """Decide the batch on the first of the pool's SOURCES that serves it: (the view decided on, the
+        pass, whether the view is the one this process kept). A source that is not there is skipped; a
+        pass on one that may lack newer writes (`_lacking`: stopped stale, an ADD failed on it, a DEL
+        found nothing) is undone and the batch decided on the next; `stored` is final.
 
-        Without a usable snapshot the pool is read at least as new as this process' last write of it
-        (Memory.floor: the store may answer from a cache, which holds that write); an ADD that fails or
-        a DEL that finds nothing there, and every attempt after a failed write, reads the pool as
-        stored. A plugin process has no snapshot and no floor: it reads the pool."""
+        - `kept`: the pool as this process' last write left it (Memory.view: the agent, while no other
+          holder of the node lock wrote since), for DELs, and for ADDs while no other node raced this one
+          on the pool and no foreign write was seen lately: an ADD must see every entry of its pod, also
+          one written outside this node's lock (upstream whereabouts during a migration), so a write
+          with ADDs decided on it needs the whole pool still at its version. The pass stops at the first
+          candidate whose reservation is newer than the snapshot (stale: no lost race); when it lacks,
+          `cached` is skipped.
+        - `cached`: the pool read at least as new as this process' last write of it (Memory.floor: a
+          server's cache holds that write); not after a failed write (`reread`), nor without a floor (a
+          plugin process).
+        - `stored`: the pool as stored.
+        Each op keeps the reservations it made whatever the source (all of lowest free addresses)."""
         before = [op.claims.lost for op in pending]  # (every op pending: step)
-        kept = self._kept_view(rng, lock) if _trusts_snapshot(self.memory, pending, hot) else None
-        if kept is not None:
-            got = self.decide_all(kept, pending, hot, snapshot=True)
-            if not _lacking(got, pending):
-                return kept, got, True
-            if got.stale or _failed_add(pending):
-                self.memory.seen_foreign(HOT_SECONDS)
-        else:
-            view, got, final = self._decide_read(rng, pending, hot)
-            if final:
-                return view, got, False
-        if got.stale or _failed_add(pending):
-            for op, n in zip(pending, before, strict=True):
-                op.claims.lost = n
-            undecide(pending, failed=True)
-        else:
-            undecide(pending)
-        view = self.e.view(rng)  # stale, or a DEL found nothing in the snapshot: the pool as stored
-        return view, self.decide_all(view, [op for op in pending if not op.done], hot), False
+        tried = False
+        for source in SOURCES:
+            view = self._read(source, rng, lock, pending, hot, tried)
+            if view is None:
+                continue
+            tried = True
+            view, got = self._decide_on(source, rng, view, [op for op in pending if not op.done], hot)
+            if source == STORED or not _lacking(got, pending):
+                return view, got, source == KEPT
+            if got.stale or _failed_add(pending):  # the failures met on it void too
+                if source == KEPT:
+                    self.memory.seen_foreign(HOT_SECONDS)
+                for op, n in zip(pending, before, strict=True):
+                    op.claims.lost = n
+                undecide(pending, failed=True)
+            else:
+                undecide(pending)
+        raise AssertionError("the stored pool is always a source")  # (the loop returns on STORED)
 
-    def _decide_read(self, rng: IPRange, pending: list[Op], hot: bool | None) -> tuple[PoolView, Pass, bool]:
-        """Decide on the pool read at least as new as the memory's floor (decide_batch): (the view, the
-        pass, whether it stands). It does not when an ADD failed or a DEL found nothing on a cached read:
-        what it lacked may be newer than the cache (written outside this node's lock)."""
-        reread = self.reread  # a write failed: the cache may not hold what it met
-        floor = "" if reread else self.memory.floor
-        view, got = self._decide_fresh(rng, self.e.view(rng, floor), pending, hot)
-        return view, got, not floor or not _lacking(got, pending)
+    def _read(
+        self, source: str, rng: IPRange, lock: nodelock.Held | None, pending: list[Op], hot: bool | None,
+        tried: bool,
+    ) -> PoolView | None:  # fmt: skip
+        """The pool from `source` (decide_batch), or None when that source is not there."""
+        if source == KEPT:
+            pool = self.memory.view(lock) if _trusts_snapshot(self.memory, pending, hot) else None
+            return None if pool is None or not same_network(pool.range, rng) else SnapshotView(pool)
+        if source == CACHED:
+            floor = "" if self.reread or tried else self.memory.floor
+            return self.e.view(rng, floor) if floor else None
+        return self.e.view(rng)
 
-    def _decide_fresh(
-        self, rng: IPRange, view: PoolView, pending: list[Op], hot: bool | None
+    def _decide_on(
+        self, source: str, rng: IPRange, view: PoolView, pending: list[Op], hot: bool | None
     ) -> tuple[PoolView, Pass]:
-        """Decide on a pool read from the store. On a pool other nodes write too (`hot`) and a store
-        that checks whole versions, when the pass created reservations: decided again on the pool read
-        again if it moved meanwhile (module docstring)."""
-        got = self.decide_all(view, pending, hot)
-        if hot and got.claimed and not self.e.store.merges:
+        """Decide on `view`: the view decided on and the pass. On a pool other nodes write too (`hot`)
+        and a store that checks whole versions, when the pass on a read created reservations: decided
+        again on the pool read again if it moved meanwhile (module docstring)."""
+        got = self.decide_all(view, pending, hot, snapshot=source == KEPT)
+        if source != KEPT and hot and got.claimed and not self.e.store.merges:
             again = self.e.view(rng)
             if again.version != view.version:
                 undecide(pending)
                 return again, self.decide_all(again, [op for op in pending if not op.done], hot)
         return view, got
-
-    def _kept_view(self, rng: IPRange, lock: nodelock.Held | None) -> PoolView | None:
-        """The pool as this process' last write left it (decide_batch), if usable (Memory.view)."""
-        pool = self.memory.view(lock)
-        return None if pool is None or not same_network(pool.range, rng) else SnapshotView(pool)
 
     def decide_all(
         self, view: PoolView, pending: list[Op], hot: bool | None, snapshot: bool = False,
@@ -278,9 +282,9 @@ class Attempt:
             except (StoreUnavailable, Conflict):
                 raise
             except CniError as e:  # this op's own failure (pool exhausted, candidates keep going)
-                op.to(batch.FAILED, e)
+                op.to(operation.FAILED, e)
                 continue
-            op.to(batch.DECIDED)
+            op.to(operation.DECIDED)
             done.decided.append(op)
         done.claimed = sum(len(op.claims.created) for op in pending) > created
         return done
@@ -350,8 +354,8 @@ def undecide(ops: list[Op], failed: bool = False) -> None:
     """The decisions of `ops` void (their view was stale, or an attempt failed): pending again; with
     `failed`, also the failures met on that view."""
     for op in ops:
-        if op.state == batch.DECIDED or (failed and op.state == batch.FAILED):
-            op.to(batch.PENDING)
+        if op.state == operation.DECIDED or (failed and op.state == operation.FAILED):
+            op.to(operation.PENDING)
 
 
 def _trusts_snapshot(memory: Memory, pending: list[Op], hot: bool | None) -> bool:
@@ -361,7 +365,7 @@ def _trusts_snapshot(memory: Memory, pending: list[Op], hot: bool | None) -> boo
 
 
 def _failed_add(pending: list[Op]) -> bool:
-    return any(op.kind == "add" and op.state == batch.FAILED for op in pending)
+    return any(op.kind == "add" and op.state == operation.FAILED for op in pending)
 
 
 def _lacking(got: Pass, pending: list[Op]) -> bool:

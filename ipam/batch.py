@@ -1,15 +1,12 @@
-"""Several IPAM operations on one pool in one read-modify-write: the ops, and the agent's combiner.
+"""The agent's combiner: several IPAM operations (ipam.operation) on one pool in one read-modify-write.
 
-- `Op`: one attachment's ADD or DEL in one range, with what it has claimed so far, and where it is in its
-  batch: `state`, one of pending -> decided -> written | failed, changed only by `Op.to`, which refuses
-  a transition TRANSITIONS does not list. `done` once written or failed.
-- `Combiner` (the node-local agent only; a plugin process runs its own call: ipam.exec_plain): one per
-  pool. The agent's threads queue their ops on it and the pool's batch thread runs them: a batch takes
-  everything queued when it starts (at most MAX_BATCH), which is every call that arrived while the
-  previous write was in flight, decides it on one view and writes it once. N concurrent calls on one
-  pool then cost one pool write instead of N racing ones, with no timer: a batch starts as soon as the
-  previous one is written. Each caller returns once its ops are written or failed, never before: an
-  answered ADD's pool entry exists."""
+`Combiner` (the node-local agent only; a plugin process runs its own call: ipam.exec_plain): one per
+pool. The agent's threads queue their ops on it and the pool's batch thread runs them: a batch takes
+everything queued when it starts (at most MAX_BATCH), which is every call that arrived while the
+previous write was in flight, decides it on one view and writes it once. N concurrent calls on one
+pool then cost one pool write instead of N racing ones, with no timer: a batch starts as soon as the
+previous one is written. Each caller returns once its ops are written or failed, never before: an
+answered ADD's pool entry exists."""
 
 from __future__ import annotations
 
@@ -19,30 +16,13 @@ from collections.abc import Callable, Hashable, Sequence
 
 from cni import faults, log, metrics
 from cni.errors import CniError, TryAgainError
-from cni.types.valueclass import field, valueclass
-from ipam.model import Allocation
-from ipam.ranges import IPRange
+from ipam.operation import FAILED, Op
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     from typing import Any
 
 MAX_BATCH = 128  # operations in one pool write (bounds a write's size and its retry cost)
-
-PENDING, DECIDED, WRITTEN, FAILED = "pending", "decided", "written", "failed"
-FINAL = (WRITTEN, FAILED)
-TRANSITIONS: dict[str, tuple[str, ...]] = {
-    PENDING: (DECIDED, FAILED),  # decided on the batch's view; or its own error (pool full, ...)
-    # written; its batch failed (or a DEL's reservation release); or its decision dropped (a stale
-    # view, a write lost to a racer): decided again
-    DECIDED: (WRITTEN, FAILED, PENDING),
-    WRITTEN: (),
-    FAILED: (PENDING,),  # a failure met on a view found stale: decided again on the pool as stored
-}
-
-
-class IllegalTransition(RuntimeError):
-    """An op moved between states TRANSITIONS does not connect: a bug in the batch's executor."""
 
 
 class Unanswered(TryAgainError):
@@ -52,48 +32,6 @@ class Unanswered(TryAgainError):
     def __init__(self, msg: str, held: bool) -> None:
         super().__init__(msg)
         self.held = held
-
-
-@valueclass(frozen=False)
-class Claims:
-    blocked: set[int] = field(default_factory=set)
-    created: dict[str, str] = field(default_factory=dict)  # reservations made by this op: name -> version
-    mine: dict[str, int] = field(default_factory=dict)  # their offsets: name -> offset
-    lost: int = 0  # candidates found reserved by someone else on this network
-    holders: dict[int, Allocation] = field(default_factory=dict)  # blocked offsets: who reserved them
-
-
-@valueclass(frozen=False)
-class Op:
-    kind: str  # "add" | "del"
-    rng: IPRange
-    owner: Allocation
-    overlapping: bool
-    claims: Claims = field(default_factory=Claims)
-    offsets: list[int] = field(default_factory=list)  # add: [the address]
-    want: int | None = None  # add: the requested address (ipam.requested): exactly it, or an error
-    freed: list[tuple[int, Allocation]] = field(default_factory=list)  # del: offsets and entries freed
-    # del: entries a write whose answer was lost (it may have been applied) freed: released after the
-    # batch's write like `freed`, though the retry may no longer find them in the pool
-    sent: list[tuple[int, Allocation]] = field(default_factory=list)
-    begun: float = 0.0  # when the op started
-    started: float = 0.0  # when it last saw progress (its start, or a race lost to another writer)
-    error: BaseException | None = None  # set with FAILED (Op.to), cleared when taken back
-    state: str = "pending"  # PENDING ... FAILED: changed by `to` alone
-
-    @property
-    def done(self) -> bool:
-        """Written, or failed with its own error."""
-        return self.state in FINAL
-
-    def to(self, state: str, error: BaseException | None = None) -> None:
-        """The one place an op changes state: refuses a transition TRANSITIONS does not list. FAILED
-        takes the op's error; any other state clears it."""
-        if state not in TRANSITIONS[self.state]:
-            raise IllegalTransition(f"{self.kind} {self.owner.container_id}: {self.state} -> {state}")
-        if (error is None) == (state == FAILED):
-            raise IllegalTransition(f"{self.kind} {self.owner.container_id}: {state} with error {error!r}")
-        self.state, self.error = state, error
 
 
 class Combiner:

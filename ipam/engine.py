@@ -21,9 +21,9 @@ from cni import log
 from cni.errors import CheckError, CniError, Code
 from ipam import allocator, batch, exec_agent, exec_plain, nodelock, removal
 from ipam.allocator import SnapshotView
-from ipam.batch import Op
 from ipam.config import IpamConfig
 from ipam.model import Allocation, Attachment, Pool, PoolUpdate, PoolView, by_attachment, joined
+from ipam.operation import Op
 from ipam.ranges import IPRange, same_network
 from ipam.reservations import Reservations, reserved_for
 from ipam.retry import Retry

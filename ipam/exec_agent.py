@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cni.errors import CniError
-from ipam import batch
+from ipam import batch, operation
 from ipam.attempt import Attempt, Memory
-from ipam.batch import Op
+from ipam.operation import Op
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -66,10 +66,10 @@ def _release_freed(engine: Shared, group: list[Op]) -> None:
     """The batch's DELs release their reservations before the batch ends: its callers then return
     together and their next calls meet in the next batch. An op's failure is its own."""
     for op in group:
-        if op.kind == "del" and op.state == batch.DECIDED:
+        if op.kind == "del" and op.state == operation.DECIDED:
             try:
                 engine.release(op)
             except CniError as e:
-                op.to(batch.FAILED, e)
+                op.to(operation.FAILED, e)
                 continue
-            op.to(batch.WRITTEN)
+            op.to(operation.WRITTEN)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cni import metrics
 from ipam.attempt import Attempt, Memory
-from ipam.batch import FAILED, Op
+from ipam.operation import FAILED, Op
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -13,9 +13,9 @@ from contextlib import AbstractContextManager
 from cni import log
 from cni.errors import CniError
 from ipam import allocator
-from ipam.batch import Claims, Op
 from ipam.config import IpamConfig
 from ipam.model import Allocation, Reservation
+from ipam.operation import Claims, Op
 from ipam.ranges import IPRange
 from ipam.retry import Retry, retrying
 from ipam.store.base import Conflict, Store, StoreUnavailable

@@ -13,7 +13,7 @@ from typing import Any
 from cni import jsonio, skel
 from cni.types.netconf import Request
 from cni.types.result import Result
-from ipam.batch import DECIDED, WRITTEN, Op
+from ipam.operation import DECIDED, WRITTEN, Op
 
 FAKE = "fakeplug"
 
@@ -122,6 +122,6 @@ def until(cond: Callable[[], object], timeout: float = 30.0) -> bool:
 
 
 def written(op: Op) -> None:
-    """A fake batch executor's "written": `op` decided, then written (ipam.batch.Op.to)."""
+    """A fake batch executor's "written": `op` decided, then written (ipam.operation.Op.to)."""
     op.to(DECIDED)
     op.to(WRITTEN)

@@ -23,10 +23,11 @@ from cni import jsonio, metrics, skel
 from cni.agent import client, server
 from cni.errors import Code, TryAgainError
 from cni.exporter import AGENT, EXPORTERS, RECONCILER, Exporter
-from ipam.batch import Combiner, Op
+from ipam.batch import Combiner
 from ipam.config import from_dict
 from ipam.engine import Engine
 from ipam.model import Allocation, Reservation
+from ipam.operation import Op
 from ipam.podsource import PodInfo
 from ipam.reconciler import Reconciler
 from ipam.retry import Retry, retrying

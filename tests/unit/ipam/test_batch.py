@@ -19,14 +19,15 @@ import pytest
 
 from cni import procs
 from cni.errors import CniError, Code, TryAgainError
-from ipam import batch, nodelock
+from ipam import batch, nodelock, operation
 from ipam.allocator import SnapshotView, allocate
 from ipam.attempt import Memory
-from ipam.batch import Combiner, Op
+from ipam.batch import Combiner
 from ipam.config import IpamConfig, from_dict
 from ipam.decide import Changes
 from ipam.engine import Engine
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
+from ipam.operation import Op
 from ipam.ranges import IPRange
 from tests.memstore import Backend, MemoryStore
 from tests.unit.helpers import in_threads, until, written
@@ -381,8 +382,8 @@ def test_the_agents_memory_of_a_pool_serves_only_while_no_other_holder_wrote(tmp
     assert sorted(os.listdir(tmp_path / "locks")) == ["p.lock"] and os.stat(path).st_size == 8
 
 
-def _op() -> batch.Op:
-    return batch.Op("add", rng(), A, False)
+def _op() -> operation.Op:
+    return operation.Op("add", rng(), A, False)
 
 
 def test_the_agents_del_batch_releases_its_reservations_before_it_ends(shared: None, tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from ipam import batch
-from ipam.batch import Op
 from ipam.config import from_dict
 from ipam.model import Allocation
+from ipam.operation import Op
 from tests import nsutil
 from tests.unit.helpers import written
 

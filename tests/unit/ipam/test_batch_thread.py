@@ -14,8 +14,8 @@ import pytest
 
 from cni import faults
 from cni.errors import CniError, Code
-from ipam import batch
-from ipam.batch import Op
+from ipam import batch, operation
+from ipam.operation import Op
 from tests.unit.helpers import until, written
 from tests.unit.ipam.test_agent_batches import POOL, Setup, owner
 
@@ -144,5 +144,5 @@ def test_a_caller_waits_with_a_bound(tmp_path: Path) -> None:
     assert comb.pending() == 0  # withdrawn
     release.set()
     t.join(30)
-    assert first.state == batch.WRITTEN and ran == ["c1"]
-    assert comb.settle(30) and ran == ["c1"] and late.state == batch.PENDING
+    assert first.state == operation.WRITTEN and ran == ["c1"]
+    assert comb.settle(30) and ran == ["c1"] and late.state == operation.PENDING

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from ipam import allocator
 from ipam.attempt import SPREAD_MAX, spread
-from ipam.batch import Claims
 from ipam.config import from_dict
 from ipam.engine import Engine
 from ipam.model import Allocation, Pool, Reservation
+from ipam.operation import Claims
 from ipam.retry import Retry
 from tests.memstore import Backend, MemoryStore
 

@@ -1,4 +1,4 @@
-"""The batch state machine of an IPAM operation (ipam.batch.Op.to): pending -> decided -> written |
+"""The batch state machine of an IPAM operation (ipam.operation.Op.to): pending -> decided -> written |
 failed, every other move refused."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import itertools
 import pytest
 
 from cni.errors import CniError, Code
-from ipam.batch import DECIDED, FAILED, FINAL, PENDING, TRANSITIONS, WRITTEN, IllegalTransition, Op
 from ipam.config import from_dict
 from ipam.model import Allocation
+from ipam.operation import DECIDED, FAILED, FINAL, PENDING, TRANSITIONS, WRITTEN, IllegalTransition, Op
 
 STATES = (PENDING, DECIDED, WRITTEN, FAILED)
 LEGAL = {
