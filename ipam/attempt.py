@@ -26,7 +26,7 @@ import time
 
 from cni import faults, log
 from cni.errors import CniError, TryAgainError
-from ipam import allocator, decide, nodelock, operation
+from ipam import allocator, decide, leftover, nodelock, operation
 from ipam.allocator import SnapshotView
 from ipam.decide import Changes
 from ipam.model import Pool, PoolUpdate, PoolView
@@ -133,6 +133,7 @@ class Attempt:
         self.e, self.name, self.ops, self.memory = engine, name, ops, memory
         self.releases = releases  # DELs release their reservations in the batch, and are written only then
         self.reread = False
+        self.lock: nodelock.Held | None = None  # the node lock of the attempt under way (its notes)
 
     def run(self) -> None:
         kind = "allocating" if self.ops[0].kind == "add" else "releasing"
@@ -150,6 +151,13 @@ class Attempt:
             self._locked(lock, pending)
 
     def _locked(self, lock: nodelock.Held | None, pending: list[Op]) -> None:
+        self.lock = lock
+        if lock is not None:  # what a holder that died left (ipam.leftover); this call's claims noted
+            if lock.left:
+                leftover.free(self.e.reservations, lambda: self.e.view(pending[0].rng), lock)
+            for op in pending:
+                for name, offset in op.claims.mine.items():
+                    leftover.note(lock, name, offset, op.owner)
         memory = self.memory
         hot = memory.hot()
         lost = sum(op.claims.lost for op in pending)
@@ -304,6 +312,9 @@ class Attempt:
             assert isinstance(outcome, decide.Took)  # (decision() raised for any other)
             if outcome.claim:
                 lost, blocked = op.claims.lost, len(op.claims.blocked)
+                name = self.e.reservation_name(op.rng, decision.offset)
+                if name not in op.claims.mine:  # (else kept: no request)
+                    leftover.note(self.lock, name, decision.offset, op.owner)
                 if not self.e.reservations.claim(op, decision, changes.version):
                     if snapshot and op.claims.lost > lost and op.want is None:
                         return False  # reserved after the snapshot was taken: read the pool

@@ -23,9 +23,15 @@ would end with code 11 after PATIENCE, retried by the runtime into the same wait
 compare-and-swap still decides between the two writers, as between nodes: a commit the resumed holder
 decided on a view that writer changed fails its guards (Conflict) and is retried on the pool as stored.
 
-Files: `<dir>/<sha256(store, node, pool)[:32]>.lock`, 0600, 8 bytes (the counter), created once per pool
-and left in place (a file that is unlinked while others wait on it would split the queue); deleting
-them while nothing runs is harmless (docs/ipam.md). `dir` is `pool-locks/` beside the
+The holder's claims: a holder notes each reservation it is about to claim after the counter (`Held.note`)
+and the lock's release takes the notes off again, so notes found when the lock is taken (`Held.left`)
+are those of a holder that died holding it (SIGKILL between its reservation and its pool write): the
+new holder frees what they name (ipam.leftover) and the release writes back only what is still left.
+
+Files: `<dir>/<sha256(store, node, pool)[:32]>.lock`, 0600, 8 bytes (the counter) and the notes of a
+holder that died (normally none), created once per pool and left in place (a file that is unlinked while
+others wait on it would split the queue); deleting them while nothing runs is harmless (a dead holder's
+reservation is then left to DEL, GC and the reconciler: docs/ipam.md). `dir` is `pool-locks/` beside the
 local database (`local_db`, default /var/lib/cni/pycni), a node-local directory the agent mounts too.
 The node name is part of the key so that simulated nodes sharing one machine (benchmarks, tests) do not
 queue behind each other."""
@@ -48,6 +54,7 @@ PATIENCE = 60.0
 LIMIT = 120.0  # absolute bound on one wait (upstream whereabouts' ADD limit)
 POLL = (0.001, 0.02)  # first and longest sleep between tries when polling, seconds
 LOOK = 1.0  # seconds between looks at the counter and the holder's state while waiting
+NOTES_MAX = 1 << 16  # bytes of notes read when the lock is taken (a batch of the agent notes at most 128)
 
 
 class _NoProgress(Exception):
@@ -97,10 +104,36 @@ def _counter(fd: int) -> int:
 class Held:
     """The lock while it is held: its file descriptor and the counter's value this holder wrote (the
     agent knows from it whether another holder wrote the pool since its own last write:
-    ipam.attempt.Memory)."""
+    ipam.attempt.Memory); `left`: the notes of a holder that died holding it (the module docstring),
+    those the new holder has not dealt with yet."""
 
-    def __init__(self, fd: int, path: str = "", count: int = 0) -> None:
+    def __init__(self, fd: int, path: str = "", count: int = 0, left: list[bytes] | None = None) -> None:
         self.fd, self.path, self.count = fd, path, count
+        self.left: list[bytes] = left or []
+        self._found = bool(self.left)  # notes were found when the lock was taken
+        self._end = 0  # where this holder's next note goes (0: none noted yet)
+
+    def note(self, line: bytes) -> None:
+        """Note `line` (one line, no newline) until the lock is released (it is also taken off when this
+        process dies holding it: it stays in the file for the next holder)."""
+        if not self._end:
+            self._end = 8 + sum(len(x) + 1 for x in self.left)
+        data = line + b"\n"
+        os.pwrite(self.fd, data, self._end)
+        self._end += len(data)
+
+    def release(self) -> None:
+        """The file as the lock's release leaves it: the counter and what is still `left`."""
+        if not self._end and not self._found:
+            return
+        rest = b"".join(x + b"\n" for x in self.left)
+        if rest:
+            os.pwrite(self.fd, rest, 8)
+        os.ftruncate(self.fd, 8 + len(rest))
+
+
+def _notes(data: bytes) -> list[bytes]:
+    return [line for line in data.split(b"\n") if line]
 
 
 @contextlib.contextmanager
@@ -131,9 +164,17 @@ def held(path: str, patience: float = PATIENCE, limit: float = LIMIT) -> Iterato
             log.warning("node lock %s: held by pid %d, which is stopped: running without it", path, frozen)
             yield None
             return
-        count = (_counter(fd) + 1) % 2**63
+        data = os.pread(fd, 8 + NOTES_MAX, 0)  # the counter and the notes of a holder that died
+        count = (int.from_bytes(data[:8].ljust(8, b"\0"), "little") + 1) % 2**63
         os.pwrite(fd, count.to_bytes(8, "little"), 0)
-        yield Held(fd, path, count)
+        lock = Held(fd, path, count, _notes(data[8:]))
+        try:
+            yield lock
+        finally:
+            try:
+                lock.release()
+            except OSError as e:  # (a file open for writing: not seen) the next holder finds the notes
+                log.warning("node lock %s: notes not taken off (%s)", path, e.strerror)
     finally:
         if fd >= 0:
             os.close(fd)  # releases the lock

@@ -53,6 +53,50 @@ def test_ipam_sigkill_at_step_then_del(store_lab: FuzzLab, step: str) -> None:
     kill_then_del(store_lab, "whereabouts", step)
 
 
+@pytest.mark.parametrize("sandbox", ["same", "new"])
+def test_ipam_sigkill_after_the_reservation_then_add_again(store_lab: FuzzLab, sandbox: str) -> None:
+    """The runtime retries the killed ADD instead of deleting it: with the same container id, or (the
+    kubelet) with a new sandbox of the same pod and interface. The retry ends with one pool entry and one
+    reservation per range, both naming the retried container (what the killed ADD reserved is freed:
+    ipam.leftover; the local store's transaction left nothing); the old sandbox's DEL leaves them alone,
+    the new one's leaves nothing."""
+    conf = store_lab.conf("whereabouts", cniVersion="1.0.0")
+    conf["ipam"]["ipRanges"] = [{"range": "2001:db8:4::/120"}]
+    stdin = jsonio.dumps(conf)
+    old = store_lab.env("ADD", CNI_CONTAINERID=f"kill-retry-{sandbox}")
+    new = old if sandbox == "same" else {**old, "CNI_CONTAINERID": "kill-retry-new-sandbox"}
+    killed = run_process(store_lab, "whereabouts", old, stdin, faults="store-reserve!")
+    assert killed.rc == -signal.SIGKILL, killed.raw
+    TALLY["faults injected (SIGKILL)"] += 1
+    again = run_process(store_lab, "whereabouts", new, stdin)
+    assert again.rc == 0 and again.out is not None, again.raw
+    from ipam.store.names import reservation_name
+
+    held = _held(store_lab)
+    ips, cid = [ip["address"].split("/")[0] for ip in again.out["ips"]], new["CNI_CONTAINERID"]
+    network = conf["ipam"].get("network_name", "")
+    names = sorted((reservation_name(ip, network), cid) for ip in ips)
+    assert held == (sorted((ip, cid) for ip in ips), names)
+    if new is not old:
+        assert run_process(store_lab, "whereabouts", {**old, "CNI_COMMAND": "DEL"}, stdin).rc == 0
+        assert _held(store_lab) == held
+    assert run_process(store_lab, "whereabouts", {**new, "CNI_COMMAND": "DEL"}, stdin).rc == 0
+    assert store_lab.leftovers() == []
+
+
+def _held(lab: FuzzLab) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(address, container id) of every pool entry, (name, container id) of every reservation."""
+    import ipaddress
+
+    store = lab.open_store()
+    try:
+        entries = sorted((str(ipaddress.ip_network(p.range).network_address + int(k)), a.container_id)
+                         for p in store.iter_pools() for k, a in p.allocations.items())  # fmt: skip
+        return entries, sorted((r.name, r.owner.container_id) for r in store.iter_reservations())
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize(("plugin", "step"), CASES, ids=[f"{p}-{s}" for p, s in CASES])
 def test_sigkill_at_step_then_del(lab: FuzzLab, plugin: str, step: str) -> None:
     kill_then_del(lab, plugin, step)
