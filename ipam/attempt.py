@@ -1,12 +1,12 @@
 """One attempt at a batch of one pool, whatever the execution mode: under the node lock, every op not yet
 done decided in turn through the core (ipam.decide) on the pool, then one compare-and-swap write.
 ipam.retry runs attempts until one writes; each op's state (ipam.operation.Op.to) says where it is. The two
-execution modes (a plugin process: ipam.exec_plain; the agent: ipam.exec_agent) differ only in what
+execution modes (a plugin process: ipam.exec_plain; the agent: ipam.batch) differ only in what
 they pass: the pool's `Memory`, and whether the batch releases its DELs' reservations itself.
 
 What the attempt knows of the pool beyond a read is one explicit per-pool value, `Memory`. A plugin
 process has none (an empty one per call: it reads the pool, decides, writes, retries). The agent keeps
-one per pool (ipam.exec_agent): its batch then starts from the pool as its own last write left it,
+one per pool (ipam.batch): its batch then starts from the pool as its own last write left it,
 when no other holder of the node lock wrote since: a batch of DELs always, one with ADDs while the pool
 is not `hot` (no race lost to another node and no foreign write seen lately: on a pool this node alone
 writes, an ADD then costs no read). Such a view may lack the latest writes of others: a DEL that finds
@@ -26,7 +26,7 @@ import time
 
 from cni import faults, log
 from cni.errors import CniError, TryAgainError
-from ipam import allocator, decide, leftover, nodelock, operation
+from ipam import allocator, decide, nodelock, operation, reservations
 from ipam.allocator import SnapshotView
 from ipam.decide import Changes
 from ipam.model import Pool, PoolUpdate, PoolView
@@ -152,12 +152,12 @@ class Attempt:
 
     def _locked(self, lock: nodelock.Held | None, pending: list[Op]) -> None:
         self.lock = lock
-        if lock is not None:  # what a holder that died left (ipam.leftover); this call's claims noted
+        if lock is not None:  # what a holder that died left (ipam.reservations); this call's claims noted
             if lock.left:
-                leftover.free(self.e.reservations, lambda: self.e.view(pending[0].rng), lock)
+                reservations.free_left(self.e.reservations, lambda: self.e.view(pending[0].rng), lock)
             for op in pending:
                 for name, offset in op.claims.mine.items():
-                    leftover.note(lock, name, offset, op.owner)
+                    reservations.note_claim(lock, name, offset, op.owner)
         memory = self.memory
         hot = memory.hot()
         lost = sum(op.claims.lost for op in pending)
@@ -314,7 +314,7 @@ class Attempt:
                 lost, blocked = op.claims.lost, len(op.claims.blocked)
                 name = self.e.reservation_name(op.rng, decision.offset)
                 if name not in op.claims.mine:  # (else kept: no request)
-                    leftover.note(self.lock, name, decision.offset, op.owner)
+                    reservations.note_claim(self.lock, name, decision.offset, op.owner)
                 if not self.e.reservations.claim(op, decision, changes.version):
                     if snapshot and op.claims.lost > lost and op.want is None:
                         return False  # reserved after the snapshot was taken: read the pool

@@ -1,12 +1,15 @@
-"""The agent's combiner: several IPAM operations (ipam.operation) on one pool in one read-modify-write.
+"""The agent's execution mode: several IPAM operations (ipam.operation) on one pool in one
+read-modify-write. (A plugin process runs its own call: ipam.exec_plain.)
 
-`Combiner` (the node-local agent only; a plugin process runs its own call: ipam.exec_plain): one per
-pool. The agent's threads queue their ops on it and the pool's batch thread runs them: a batch takes
-everything queued when it starts (at most MAX_BATCH), which is every call that arrived while the
-previous write was in flight, decides it on one view and writes it once. N concurrent calls on one
-pool then cost one pool write instead of N racing ones, with no timer: a batch starts as soon as the
-previous one is written. Each caller returns once its ops are written or failed, never before: an
-answered ADD's pool entry exists."""
+`run`: a call's ops go to their pool's `Combiner`, one per pool in the agent. The agent's threads queue
+their ops on it and the pool's batch thread runs them: a batch takes everything queued when it starts
+(at most MAX_BATCH), which is every call that arrived while the previous write was in flight, decides it
+on one view and writes it once. N concurrent calls on one pool then cost one pool write instead of N
+racing ones, with no timer: a batch starts as soon as the previous one is written. The batch thread
+attempts each batch (ipam.attempt) with a store handle of its own and the pool's memory
+(ipam.attempt.Memory); a DEL's reservations are released in the batch, after its write. Each caller
+returns once its ops are written (a DEL: and released) or failed, never before: an answered ADD's pool
+entry exists."""
 
 from __future__ import annotations
 
@@ -16,11 +19,30 @@ from collections.abc import Callable, Hashable, Sequence
 
 from cni import faults, log, metrics
 from cni.errors import CniError, TryAgainError
-from ipam.operation import FAILED, Op
+from ipam.attempt import Attempt, Memory
+from ipam.operation import DECIDED, FAILED, WRITTEN, Op
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
-    from typing import Any
+    import contextlib
+    from typing import Any, Protocol
+
+    from ipam.attempt import Access
+    from ipam.config import IpamConfig
+    from ipam.ranges import IPRange
+    from ipam.store.base import Store
+
+    class Shared(Access, Protocol):
+        """What the agent's executor uses of the engine besides the attempt's part (Engine is one)."""
+
+        conf: IpamConfig
+        identity: str
+        reopen: Callable[[], contextlib.AbstractContextManager[Store]] | None
+
+        def pool_name(self, rng: IPRange) -> str: ...
+        def release(self, op: Op) -> None: ...
+        def on(self, store: Store) -> Shared: ...
+
 
 MAX_BATCH = 128  # operations in one pool write (bounds a write's size and its retry cost)
 
@@ -216,3 +238,45 @@ def settle_all(timeout: float = 30.0) -> bool:
     with _Registry.lock:
         combiners = list(_Registry.combiners.values())
     return all(c.settle(max(0.0, deadline - time.monotonic())) for c in combiners)
+
+
+# ---- the agent's execution mode: a call's ops through its pool's combiner ------------------------------
+
+
+def run(engine: Shared, ops: list[Op]) -> None:
+    """Run the ops of one range (one pool) through the pool's combiner; each op's error is left on it.
+    A call waits for a batch under way and its own, each bounded by the retry limit."""
+    name = engine.pool_name(ops[0].rng)
+    comb = combiner((engine.identity, name))
+    comb.run(ops, _executor(engine, name, comb), 2 * engine.retry.limit)
+
+
+def _executor(engine: Shared, name: str, comb: Combiner) -> Callable[[list[Op]], None]:
+    """A batch as the combiner's thread runs it: with a store handle of its own (the callers' may be
+    back at work elsewhere) and the pool's memory."""
+    conf, reopen = engine.conf, engine.reopen
+
+    def execute(group: list[Op]) -> None:
+        from ipam.store.handles import BATCH, store_for
+
+        if not isinstance(comb.memory, Memory):  # the pool's, kept with its combiner
+            comb.memory = Memory(kept=True)
+        with reopen() if reopen is not None else store_for(conf.store, BATCH) as store:
+            e = engine.on(store)
+            Attempt(e, name, group, comb.memory, releases=True).run()
+            _release_freed(e, group)
+
+    return execute
+
+
+def _release_freed(engine: Shared, group: list[Op]) -> None:
+    """The batch's DELs release their reservations before the batch ends: its callers then return
+    together and their next calls meet in the next batch. An op's failure is its own."""
+    for op in group:
+        if op.kind == "del" and op.state == DECIDED:
+            try:
+                engine.release(op)
+            except CniError as e:
+                op.to(FAILED, e)
+                continue
+            op.to(WRITTEN)

@@ -8,7 +8,7 @@ reservation after. A crash between the two steps leaves at worst a reservation w
 (ipam.reservations: Reservations.sweep), and GC and the reconciler free it once the owner is gone.
 
 A call is answered once its pool write is done, in a plugin process (ipam.exec_plain) and in the agent
-(ipam.exec_agent: the calls of one pool that arrive while a write is in flight share the next one)."""
+(ipam.batch: the calls of one pool that arrive while a write is in flight share the next one)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 
 from cni import log
 from cni.errors import CheckError, CniError, Code
-from ipam import allocator, batch, exec_agent, exec_plain, nodelock, removal
+from ipam import allocator, batch, exec_plain, nodelock, removal
 from ipam.allocator import SnapshotView
 from ipam.config import IpamConfig
 from ipam.model import Allocation, Attachment, Pool, PoolUpdate, PoolView, by_attachment, joined
@@ -105,12 +105,12 @@ class Engine:
 
     def _run(self, ops: list[Op]) -> None:
         """Run ops of one range (one pool) to completion in this process' execution mode: the agent's
-        (ipam.exec_agent: concurrent calls share one write) or a plugin process' (ipam.exec_plain);
+        (ipam.batch: concurrent calls share one write) or a plugin process' (ipam.exec_plain);
         raise an op's own error."""
         now = self.retry.clock()
         for op in ops:
             op.started = op.begun = now
-        (exec_agent.run if batch.sharing() else exec_plain.run)(self, ops)
+        (batch.run if batch.sharing() else exec_plain.run)(self, ops)
         for op in ops:
             if op.error is not None:
                 raise op.error
@@ -161,7 +161,7 @@ class Engine:
         """Release one range; False when the pool held nothing of this attachment."""
         op = Op("del", rng, owner, self.conf.overlapping)
         self._run([op])
-        if not batch.sharing():  # the agent's batch released them after its write (ipam.exec_agent)
+        if not batch.sharing():  # the agent's batch released them after its write (ipam.batch)
             self.release(op)
         return bool(op.freed or op.sent)
 

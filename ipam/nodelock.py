@@ -26,7 +26,7 @@ decided on a view that writer changed fails its guards (Conflict) and is retried
 The holder's claims: a holder notes each reservation it is about to claim after the counter (`Held.note`)
 and the lock's release takes the notes off again, so notes found when the lock is taken (`Held.left`)
 are those of a holder that died holding it (SIGKILL between its reservation and its pool write): the
-new holder frees what they name (ipam.leftover) and the release writes back only what is still left.
+new holder frees what they name (ipam.reservations) and the release writes back only what is still left.
 
 Files: `<dir>/<sha256(store, node, pool)[:32]>.lock`, 0600, 8 bytes (the counter) and the notes of a
 holder that died (normally none), created once per pool and left in place (a file that is unlinked while

@@ -1,5 +1,5 @@
 """One IPAM operation: one attachment's ADD or DEL in one range, with what it has claimed so far and where
-it is in its batch (ipam.attempt runs batches; ipam.exec_plain and ipam.exec_agent hand them over).
+it is in its batch (ipam.attempt runs batches; ipam.exec_plain and ipam.batch hand them over).
 
 `state` is one of pending -> decided -> written | failed, changed only by `Op.to`, which refuses a
 transition TRANSITIONS does not list. `done` once written or failed."""

@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     from cni.agent.server import Agent, say, warm
     from cni.buildid import build_id
     from cni.registry import LAZY_MODULES
+    from ipam import batch
     from ipam.store.handles import keep_warm
 
     # the agent's own network namespace and directory, for the threads that write pools (ipam.batch):
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     home = (os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC),
             os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))  # fmt: skip
     # every plugin, tool, IPAM and store module; cluster store connections outlive a request
-    warm(LAZY_MODULES, hooks=(lambda: keep_warm(home=home),))
+    warm(LAZY_MODULES, hooks=(keep_warm, lambda: batch.share(home=home)))
     agent = Agent(args.fifo, build_id(), max_inflight=args.max_inflight)
     try:
         agent.bind()
@@ -176,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     agent.serve(args.grace)
     if watching is not None:
         watching.set()
-    from ipam.store.handles import settle
+    from ipam.batch import settle_all
 
-    if not settle(remaining(args.grace, agent.stopped_at)):  # batches of calls still in flight
+    if not settle_all(remaining(args.grace, agent.stopped_at)):  # batches of calls still in flight
         say("stopping with pool batches still under way (their calls get code 11 or run again)")
     return 0

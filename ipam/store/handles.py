@@ -9,7 +9,7 @@ instead of kept. The local store is always opened per call: SQLite connections b
 and opening one costs little.
 
 Handles are kept per `lane`: the calls' own (""), and BATCH for the threads that run a pool's batches
-(ipam.exec_agent). A call holds its handle until it is answered, so while many calls wait on a
+(ipam.batch). A call holds its handle until it is answered, so while many calls wait on a
 pool the calls' lane is empty: a batch taking its handle there would open a new one (a TLS handshake,
 on a node whose CPU the pods' start-up already takes) at the start of every batch, in front of every
 call it carries; its own lane keeps it warm."""
@@ -37,24 +37,11 @@ class _Cache:
     idle: dict[tuple[StoreConfig, str], list[tuple[float, float, Store]]] = {}  # -> [(opened, used, handle)]
 
 
-def keep_warm(enabled: bool = True, home: tuple[int, int] | None = None) -> None:
-    """The agent calls this once at start-up; plugin processes never do. Concurrent calls on one pool
-    then also share its writes, run by threads that enter `home` (open descriptors of the agent's
-    network namespace and working directory) (ipam.batch.share)."""
-    from ipam import batch
-
-    batch.share(enabled, home=home)
+def keep_warm(enabled: bool = True) -> None:
+    """The agent calls this once at start-up (with ipam.batch.share); plugin processes never do."""
     _Cache.enabled = enabled
     if not enabled:
         clear()
-
-
-def settle(timeout: float) -> bool:
-    """The agent, stopping: the pool batches under way and queued done (ipam.batch.settle_all); False on
-    timeout."""
-    from ipam import batch
-
-    return batch.settle_all(timeout)
 
 
 def clear() -> None:

@@ -1,4 +1,4 @@
-"""What noting a claim in the pool's node lock costs an ADD (ipam.leftover): one note and the release
+"""What noting a claim in the pool's node lock costs an ADD (ipam.reservations): one note and the release
 that takes it off, against a release with nothing noted, on a lock file in a temp dir; the median of
 20,000 of each, three runs. `python -m tests.bench.leftover_notes` (docs/benchmarks.md)."""
 
@@ -9,7 +9,7 @@ import statistics
 import tempfile
 import time
 
-from ipam import leftover, nodelock
+from ipam import nodelock, reservations
 from ipam.model import Allocation
 
 UID = "0b6c2d5e-1111-2222-3333-444455556666"
@@ -20,7 +20,7 @@ def one(fd: int, path: str, noted: bool) -> int:
     lock = nodelock.Held(fd, path, 1)
     start = time.perf_counter_ns()
     if noted:
-        leftover.note(lock, "198.51.100.17", 17, OWNER)
+        reservations.note_claim(lock, "198.51.100.17", 17, OWNER)
     lock.release()
     return time.perf_counter_ns() - start
 

@@ -58,7 +58,7 @@ def test_ipam_sigkill_after_the_reservation_then_add_again(store_lab: FuzzLab, s
     """The runtime retries the killed ADD instead of deleting it: with the same container id, or (the
     kubelet) with a new sandbox of the same pod and interface. The retry ends with one pool entry and one
     reservation per range, both naming the retried container (what the killed ADD reserved is freed:
-    ipam.leftover; the local store's transaction left nothing); the old sandbox's DEL leaves them alone,
+    ipam.reservations; the local store's transaction left nothing); the old sandbox's DEL leaves them alone,
     the new one's leaves nothing."""
     conf = store_lab.conf("whereabouts", cniVersion="1.0.0")
     conf["ipam"]["ipRanges"] = [{"range": "2001:db8:4::/120"}]

@@ -1,7 +1,7 @@
 """An ADD killed between its reservation and its pool write (a real plugin process SIGKILLed at the
 fault point `store-reserve`, tests/launch.py), then retried: with the same container id, or as the
 kubelet does, with a new sandbox for the same pod and interface; on the real kube-apiserver, without the
-agent. The retry frees the reservation the killed ADD left (ipam.leftover: it was noted in the pool's
+agent. The retry frees the reservation the killed ADD left (ipam.reservations: it was noted in the pool's
 node lock) and allocates as any ADD: one reservation and one pool entry, both naming the retried
 container; the old sandbox's DEL then leaves them alone and the new one's DEL leaves nothing. Every
 request of the retry is counted."""

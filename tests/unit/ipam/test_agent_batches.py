@@ -1,4 +1,4 @@
-"""The agent's pool batches (ipam.batch Combiner, ipam.exec_agent): the calls that arrive while a pool
+"""The agent's pool batches (ipam.batch: its Combiner and run): the calls that arrive while a pool
 write is in flight share the next write, and every call returns only once its pool write is done: an
 answered ADD's entry is in the pool, an answered DEL's entry and reservation are gone. A pool write is
 held at a gate the test opens, so nothing here depends on how fast the threads run: a call that returned

@@ -1,4 +1,4 @@
-"""What an ADD killed between its reservation and its pool write left (ipam.leftover): the node lock's
+"""What an ADD killed between its reservation and its pool write left (ipam.reservations): the node lock's
 notes (ipam.nodelock) are taken off by the lock's release, whatever ends the holder's body, and stay
 when the holder dies (a child process that exits without unwinding); the next holder frees the
 reservation a note names unless the pool holds its address or it names another attachment now."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ipam import leftover, nodelock
+from ipam import nodelock, reservations
 from ipam.config import from_dict
 from ipam.engine import Engine
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
@@ -30,9 +30,9 @@ POOL = "198.51.100.0-24"
 def _die_holding(path: Path, *notes: tuple[str, int, Allocation]) -> None:
     """A process that takes the lock, notes `notes` and dies without unwinding (as under SIGKILL)."""
     lines = ", ".join(f"({n!r}, {o}, Allocation(*{list(a)!r}))" for n, o, a in notes)
-    code = ("import os\nfrom ipam import leftover, nodelock\nfrom ipam.model import Allocation\n"
+    code = ("import os\nfrom ipam import nodelock, reservations\nfrom ipam.model import Allocation\n"
             f"with nodelock.held({str(path)!r}) as lock:\n"
-            f"    for n, o, a in [{lines}]:\n        leftover.note(lock, n, o, a)\n"
+            f"    for n, o, a in [{lines}]:\n        reservations.note_claim(lock, n, o, a)\n"
             "    os._exit(0)\n")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
 
@@ -41,17 +41,17 @@ def test_notes_are_taken_off_at_the_release_and_stay_when_the_holder_dies(tmp_pa
     path = tmp_path / "locks" / "p.lock"
     with nodelock.held(str(path)) as lock:
         assert lock is not None and lock.left == []
-        leftover.note(lock, "198.51.100.2", 2, A)
+        reservations.note_claim(lock, "198.51.100.2", 2, A)
     assert path.stat().st_size == 8  # the counter alone
     with contextlib.suppress(RuntimeError), nodelock.held(str(path)) as lock:
-        leftover.note(lock, "198.51.100.2", 2, A)
+        reservations.note_claim(lock, "198.51.100.2", 2, A)
         raise RuntimeError("the attempt failed")
     assert path.stat().st_size == 8
     _die_holding(path, ("198.51.100.2", 2, A), ("198.51.100.3", 3, B))
     with nodelock.held(str(path)) as lock:
         assert lock is not None and len(lock.left) == 2 and lock.count == 4
         del lock.left[0]  # dealt with; the other one not yet
-        leftover.note(lock, "198.51.100.4", 4, A2)  # this holder's own: taken off at the release
+        reservations.note_claim(lock, "198.51.100.4", 4, A2)  # this holder's own: taken off at the release
     with nodelock.held(str(path)) as lock:
         assert lock is not None and [b'"198.51.100.3"' in x for x in lock.left] == [True]
         lock.left.clear()
@@ -126,5 +126,5 @@ def test_a_note_the_store_cannot_judge_now_stays_for_the_next_holder(tmp_path: P
 def test_a_note_not_understood_is_dropped(tmp_path: Path, line: bytes) -> None:
     e, _, path = _engine(tmp_path)
     lock = nodelock.Held(0, str(path), 1, [line])
-    leftover.free(e.reservations, lambda: e.view(e.conf.ranges[0]), lock)
+    reservations.free_left(e.reservations, lambda: e.view(e.conf.ranges[0]), lock)
     assert lock.left == []
