@@ -30,7 +30,7 @@ from ipam import allocator, decide, nodelock, operation, reservations
 from ipam.allocator import SnapshotView
 from ipam.decide import Changes
 from ipam.model import Pool, PoolUpdate, PoolView
-from ipam.operation import Claims, Op
+from ipam.operation import Op
 from ipam.ranges import IPRange, same_network
 from ipam.retry import retrying
 from ipam.store.base import Conflict, StoreUnavailable
@@ -60,13 +60,7 @@ if TYPE_CHECKING:  # (typing costs every call: annotations only)
 
 KEPT, CACHED, STORED = "kept", "cached", "stored"
 SOURCES = (KEPT, CACHED, STORED)  # where a batch's view of the pool comes from, in order (decide_batch)
-SPREAD_MAX = 32  # after lost races, pick among at most this many of the lowest free addresses
 HOT_SECONDS = 10.0  # after a race lost to another node, this node's calls scatter at once for this long
-
-
-def spread(claims: Claims) -> int:
-    """1 (the lowest free address) until two races are lost, then a window doubling per loss."""
-    return min(2 ** (claims.lost - 1), SPREAD_MAX) if claims.lost > 1 else 1
 
 
 class Memory:
@@ -326,20 +320,19 @@ class Attempt:
             return True
 
     def _wanted(self, op: Op, hot: bool | None, segments: list[tuple[int, int]]) -> decide.Add:
-        """What the core is asked for an ADD. Stores that serialise writers (exclusive()) never lose
-        races: the lowest free address there; after lost races, one of the lowest few (`spread`); on a
-        pool other nodes are racing on (`hot`), the lowest free after a random point of the range, so
-        the nodes' writers stop meeting on the same few lowest addresses."""
-        serial = self.e.store.serial
-        scatter = not serial and hot is not None and (hot or op.claims.lost > 0)
-        width = 1 if serial or scatter else spread(op.claims)
+        """What the core is asked for an ADD: the lowest free address; after a race lost (a candidate
+        another writer of this network reserved first), and on a pool other nodes are racing on (`hot`:
+        the agent's memory), the lowest free after a random point of the range, so the writers stop
+        meeting on the same few lowest addresses. Stores that serialise writers (exclusive()) never
+        lose races."""
+        scatter = not self.e.store.serial and (hot is True or op.claims.lost > 0)
         if op.want is not None and op.want in op.claims.holders:  # refused by its reservation before
             raise allocator.taken(op.rng, op.want, op.claims.holders[op.want],
                                   f"reservation {self.e.reservation_name(op.rng, op.want)}")  # fmt: skip
         return decide.Add(
             op.owner, tuple(sorted(op.claims.mine.values())), frozenset(op.claims.blocked),
-            claims=op.overlapping, spread=width, pick=self.e.retry.rand() if width > 1 else 0.0,
-            start=decide.scatter(segments, self.e.retry.rand()) if scatter else None, want=op.want,
+            claims=op.overlapping, start=decide.scatter(segments, self.e.retry.rand()) if scatter else None,
+            want=op.want,
         )  # fmt: skip
 
     def _refused(self, op: Op, changes: Changes, offset: int, lost: int, blocked: int) -> None:

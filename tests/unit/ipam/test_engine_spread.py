@@ -1,12 +1,13 @@
-"""Engine: after lost races a call picks among the lowest free candidates at random (ipam.attempt.spread),
-so hundreds of writers starting together on a cluster store do not queue for one address at a time."""
+"""Engine: a call takes the lowest free address; after a race lost (a candidate another writer of its
+network reserved first) it takes the lowest free after a random point of the range (ipam.attempt
+Attempt._wanted), so hundreds of writers starting together on a cluster store do not queue for one
+address at a time."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
 
-from ipam.attempt import SPREAD_MAX
 from ipam.config import from_dict
 from ipam.engine import Engine
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
@@ -39,15 +40,21 @@ def add_with_claims_in_flight(
     return str(rng.address(offset))
 
 
-def test_one_lost_race_still_takes_the_lowest() -> None:
-    assert add_with_claims_in_flight(MemoryStore(), 1, 0.99) == "198.51.100.2"
+def test_without_a_lost_race_the_lowest_free() -> None:
+    assert add_with_claims_in_flight(MemoryStore(), 0, 0.99) == "198.51.100.1"
 
 
-def test_two_lost_races_spread_over_a_window_that_doubles() -> None:
-    assert add_with_claims_in_flight(MemoryStore(), 2, 0.0) == "198.51.100.3"  # the window's first
-    assert add_with_claims_in_flight(MemoryStore(), 2, 0.99) == "198.51.100.4"  # window 2 after 2 losses
-    last = int(add_with_claims_in_flight(MemoryStore(), 100, 0.99).rsplit(".", 1)[1])
-    assert 101 <= last <= 100 + SPREAD_MAX  # past the claims, never further than the widest window
+def test_a_lost_race_takes_the_lowest_free_after_a_random_point() -> None:
+    # .1 reserved by a racer: the next candidate is the lowest free at or after the point's offset
+    # (198.51.100.0/24: offsets 1-254; 0.5 -> offset 1 + 127)
+    assert add_with_claims_in_flight(MemoryStore(), 1, 0.5) == "198.51.100.128"
+    assert add_with_claims_in_flight(MemoryStore(), 1, 0.99) == "198.51.100.252"
+    assert add_with_claims_in_flight(MemoryStore(), 1, 0.0) == "198.51.100.2"  # the point at the start
+
+
+def test_each_race_lost_draws_again_and_the_walk_ends_past_the_claims() -> None:
+    assert add_with_claims_in_flight(MemoryStore(), 100, 0.0) == "198.51.100.101"
+    assert add_with_claims_in_flight(MemoryStore(), 100, 0.99) == "198.51.100.252"
 
 
 def test_addresses_of_other_networks_are_no_lost_race() -> None:
@@ -72,13 +79,13 @@ class LosesFirstCommit(MemoryStore):
 
 
 def test_a_lost_pool_commit_keeps_the_address_this_call_reserved() -> None:
-    """Spread to .4 (skipping .3), lose the pool commit: the retry stays on .4 (its reservation) instead
-    of hopping to .3 and leaving a stray reservation in other writers' way."""
+    """Scattered to .252 after losing .1, lose the pool commit: the retry stays on .252 (its reservation)
+    instead of hopping to .2 and leaving a stray reservation in other writers' way."""
     store = LosesFirstCommit()
-    assert add_with_claims_in_flight(store, 2, 0.99, 0.0, 0.0) == "198.51.100.4"  # 0.0: would pick .3
+    assert add_with_claims_in_flight(store, 2, 0.99, 0.0, 0.0) == "198.51.100.252"  # 0.0: would pick .2
     assert store.commits == 2
     names = sorted(r.name for r in store.iter_reservations())
-    assert names == ["198.51.100.1", "198.51.100.2", "198.51.100.4"]
+    assert names == ["198.51.100.1", "198.51.100.2", "198.51.100.252"]
 
 
 def test_del_frees_a_reservation_left_without_a_pool_entry() -> None:
