@@ -34,7 +34,6 @@ FLAT_FILES = (
     "/etc/cni/net.d/whereabouts.d/whereabouts.conf",
     "/host/etc/cni/net.d/whereabouts.d/whereabouts.conf",
 )
-IGNORED = ("leader_lease_duration", "leader_renew_deadline", "leader_retry_period", "sleep_for_race")
 ETCD_KEYS = (
     "etcd_host",
     "etcd_username",
