@@ -14,6 +14,7 @@ from cni import delegate, jsonio
 from cni.errors import CniError, ConfigError, DecodeError
 from cni.registry import IN_PROCESS_IPAM
 from cni.types.netconf import Request
+from cni.types.result import Result, parse, to_wire
 from tests.unit import models
 
 RESULT_020 = {
@@ -232,17 +233,22 @@ def test_etxtbsy_gives_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 # ---- in-process (our own IPAM inside the frozen bundle) -----------------------------------------
 
 
-def in_process_ipam(monkeypatch: pytest.MonkeyPatch, module: str, registered: str) -> list[Request]:
+def in_process_ipam(
+    monkeypatch: pytest.MonkeyPatch, module: str, registered: str, result: Result | None = None,
+    delete: bool = False,
+) -> list[Request]:  # fmt: skip
     """A stand-in IPAM module `module` registered for in-process use under `registered`: the requests
-    its `add` saw."""
+    its `add` (returning `result`, else models.ipam_only()) and, with `delete`, its `delete` saw."""
     calls: list[Request] = []
 
     def add(req: Request) -> Any:
         calls.append(req)
-        return models.ipam_only()
+        return result or models.ipam_only()
 
     mod = types.ModuleType(module)
     mod.add = add  # type: ignore[attr-defined]
+    if delete:
+        mod.delete = calls.append  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
     monkeypatch.setitem(IN_PROCESS_IPAM, registered, mod.__name__)
     return calls
@@ -256,7 +262,7 @@ def test_in_process_when_the_binary_is_this_bundle(tmp_path: Path, monkeypatch: 
         req = request((str(tmp_path),), ipam_type="ouripam", version="0.4.0")
         assert delegate.add(req) == models.ipam_only()
         assert [c.command for c in calls] == ["ADD"]
-        assert delegate.call(req, "DEL") == b""  # no delete function: success, as in skel
+        assert delegate.call(req, "DEL") is None  # no delete function: success, as in skel
     finally:
         delegate.CALLER_BUNDLE.reset(token)
 
@@ -288,3 +294,40 @@ def test_not_in_process_when_not_frozen(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(sys, "executable", str(binary))
     assert delegate.add(request((str(tmp_path),), ipam_type="ouripam")) == models.ipam_only()
     assert (tmp_path / "stdin.ADD").exists()  # it was executed
+
+
+@pytest.mark.parametrize("version", ["0.2.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+def test_an_in_process_result_is_handed_over_as_the_version_carries_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """The IPAM's Result object itself (1.1.0), or what a process printing it in the request's version
+    would have given (the fields and addresses the version lacks dropped), never printed and parsed."""
+    binary = script(tmp_path, "ouripam", "echo should-not-run; exit 1\n")
+    got = models.full()
+    in_process_ipam(monkeypatch, "tests.unit.fullipam", "ouripam", result=got)
+    monkeypatch.setattr(jsonio, "loads", None)  # nothing is parsed on the way
+    token = delegate.CALLER_BUNDLE.set(str(binary))
+    try:
+        handed = delegate.add(request((str(tmp_path),), ipam_type="ouripam", version=version))
+    finally:
+        delegate.CALLER_BUNDLE.reset(token)
+    monkeypatch.undo()
+    assert handed == parse(to_wire(got, version), version)
+    assert (handed is got) == (version == "1.1.0")
+
+
+def test_an_in_process_result_the_version_cannot_carry_is_undone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cniVersion 0.2.0 cannot carry a result without addresses: the ADD is undone (the IPAM's DEL) and
+    the error is the one printing it would raise, as when the IPAM runs as a process (cni.skel)."""
+    binary = script(tmp_path, "ouripam", "echo should-not-run; exit 1\n")
+    calls = in_process_ipam(monkeypatch, "tests.unit.noipam", "ouripam", result=models.l2(), delete=True)
+    token = delegate.CALLER_BUNDLE.set(str(binary))
+    try:
+        with pytest.raises(ConfigError, match="cannot express a result without IP addresses"):
+            delegate.add(request((str(tmp_path),), ipam_type="ouripam", version="0.2.0"))
+    finally:
+        delegate.CALLER_BUNDLE.reset(token)
+    assert [c.command for c in calls] == ["ADD", "DEL"]
+
