@@ -213,12 +213,13 @@ def call(req: Request, command: str) -> Result | None:
     if module is None:
         out = _exec(binary, req, command)
         return _parsed(out, req.version, kind) if command == "ADD" else None
-    return _in_process(module, replace(req, command=command))
+    return log.own_settings(_in_process, module, replace(req, command=command))
 
 
 def _in_process(module: str, req: Request) -> Result | None:
-    """The IPAM `module`'s function for req.command (none: success, as in skel). An ADD whose result
-    the request's version cannot carry is undone before failing (as skel does)."""
+    """The IPAM `module`'s function for req.command (none: success, as in skel). Its log settings are
+    its own (log.own_settings): those of its config end with it, the plugin's do not apply to it. An
+    ADD whose result the request's version cannot carry is undone before failing (as skel does)."""
     import importlib
 
     from cni.skel import FUNCTIONS

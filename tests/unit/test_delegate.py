@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from cni import delegate, jsonio
+from cni import delegate, jsonio, log
 from cni.errors import CniError, ConfigError, DecodeError
 from cni.registry import IN_PROCESS_IPAM
 from cni.types.netconf import Request
 from cni.types.result import Result, parse, to_wire
+from cni.types.valueclass import replace
 from tests.unit import models
 
 RESULT_020 = {
@@ -331,3 +332,31 @@ def test_an_in_process_result_the_version_cannot_carry_is_undone(
         delegate.CALLER_BUNDLE.reset(token)
     assert [c.command for c in calls] == ["ADD", "DEL"]
 
+
+def test_the_in_process_ipams_log_settings_and_the_plugins_stay_apart(tmp_path: Path) -> None:
+    """whereabouts run in process with log_level/log_file in its ipam section: its lines go to its
+    file, at its level; the plugin's level and file are the same after it as before, and neither its
+    level nor its file applied to the IPAM (as when the IPAM is a process of its own)."""
+    binary = script(tmp_path, "whereabouts", "echo should-not-run; exit 1\n")
+    plugin_log, ipam_log = tmp_path / "macvlan.log", tmp_path / "whereabouts.log"
+    log.configure("debug", str(plugin_log), "macvlan")
+    before = log._STATE.get()
+    req = request((str(tmp_path),), ipam_type="whereabouts")
+    section = {"type": "whereabouts", "range": "198.51.100.0/24", "datastore": "local",
+               "local_db": str(tmp_path / "ipam.db"), "log_file": str(ipam_log), "log_level": "info"}
+    req = replace(req, conf={**req.conf, "ipam": section}, env={**req.env, "NODENAME": "node1"})
+    fds = len(os.listdir("/proc/self/fd"))
+    token = delegate.CALLER_BUNDLE.set(str(binary))
+    try:
+        assert [str(ip.address) for ip in delegate.add(req).ips] == ["198.51.100.1/24"]
+        section["log_level"] = "error"
+        delegate.delete(req)
+    finally:
+        delegate.CALLER_BUNDLE.reset(token)
+    assert log._STATE.get() is before  # the plugin's level, file and tag as they were
+    assert len(os.listdir("/proc/self/fd")) == fds  # the IPAM's log file closed after each call
+    log.debug("the plugin's own line")
+    ipam_lines = ipam_log.read_text().splitlines()
+    assert len(ipam_lines) == 1 and " whereabouts[" in ipam_lines[0] and "ADD c1 net1" in ipam_lines[0]
+    plugin_lines = plugin_log.read_text()
+    assert "the plugin's own line" in plugin_lines and "whereabouts" not in plugin_lines
