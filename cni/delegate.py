@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from cni import log
 from cni.errors import CniError, Code, ConfigError, DecodeError
 from cni.types.netconf import Request
-from cni.types.result import Result, parse
+from cni.types.result import Result, narrowed, parse
 from cni.types.valueclass import replace
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
@@ -202,35 +202,61 @@ def _delegate_error(binary: str, stdout: bytes, stderr: bytes) -> CniError:
         return CniError(f"{name} failed: {text or 'no output'}")
 
 
-def call(req: Request, command: str) -> bytes:
-    """Run the IPAM for `command`; returns its stdout (the result on ADD)."""
+def call(req: Request, command: str) -> Result | None:
+    """Run the IPAM for `command`; its result on ADD. An IPAM of ours in this bundle runs in this
+    process: its Result is handed over as the request's version carries it, never printed and parsed."""
     ipam = req.ipam()
     assert ipam is not None
-    binary = find(str(ipam["type"]), req.path)
-    module = _in_process_module(str(ipam["type"]), binary)
+    kind = str(ipam["type"])
+    binary = find(kind, req.path)
+    module = _in_process_module(kind, binary)
     if module is None:
-        return _exec(binary, req, command)
+        out = _exec(binary, req, command)
+        return _parsed(out, req.version, kind) if command == "ADD" else None
+    return log.own_settings(_in_process, module, replace(req, command=command))
+
+
+def _in_process(module: str, req: Request) -> Result | None:
+    """The IPAM `module`'s function for req.command (none: success, as in skel). Its log settings are
+    its own (log.own_settings): those of its config end with it, the plugin's do not apply to it. An
+    ADD whose result the request's version cannot carry is undone before failing (as skel does)."""
     import importlib
 
-    from cni.skel import FUNCTIONS, dispatch
+    from cni.skel import FUNCTIONS
 
-    sub = replace(req, command=command)
-    out = dispatch(importlib.import_module(module), sub) if FUNCTIONS.get(command) else b""
-    return out
+    plugin = importlib.import_module(module)
+    fn = getattr(plugin, FUNCTIONS[req.command], None) if req.command in FUNCTIONS else None
+    if fn is None:
+        return None
+    got = fn(req)
+    if req.command != "ADD":
+        return None
+    try:
+        return narrowed(got, req.version)
+    except CniError:
+        from cni.skel import rollback
+
+        rollback(plugin, req)
+        raise
 
 
-def add(req: Request) -> Result:
-    out = call(req, "ADD")
+def _parsed(out: bytes, version: str, kind: str) -> Result:
+    """An executed IPAM's stdout as a Result; code 1 saying what it printed when that is none."""
     from cni import jsonio
 
-    kind = req.ipam()["type"]  # type: ignore[index]
     try:
         raw = jsonio.loads(out, f"ipam {kind} result")
-        return parse(raw, req.version, f"ipam {kind} result")
+        return parse(raw, version, f"ipam {kind} result")
     except CniError as e:  # what it printed, in short: nothing at all and garbage are different faults
         shown = f": {out[:120]!r}" if out else ""
         details = f"{e.details} ({len(out)} bytes of output{shown})"
         raise DecodeError(f"ipam plugin {kind} returned an invalid result: {e.msg}", details) from None
+
+
+def add(req: Request) -> Result:
+    got = call(req, "ADD")
+    assert got is not None
+    return got
 
 
 def delete(req: Request) -> None:

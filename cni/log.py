@@ -13,6 +13,7 @@ from contextvars import ContextVar
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 LEVELS = {"debug": 10, "verbose": 15, "info": 20, "warning": 30, "error": 40, "panic": 50}
@@ -65,6 +66,18 @@ def configure(level: str | None = None, file: str | None = None, tag: str | None
     current = _STATE.get().file
     if file and (current is None or current[0] != file):
         _open_file(file)
+
+
+def own_settings[T](fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` with log settings of its own, as a process it would exec would have: the defaults,
+    writing to this context's stderr. What it configures (an in-process IPAM: its config's log_level,
+    log_file) ends with it, its log file closed; the caller's settings do not apply to it."""
+    token = _STATE.set(_Settings(fds=(stderr_fd(),)))
+    try:
+        return fn(*args)
+    finally:
+        close_file()
+        _STATE.reset(token)
 
 
 def use_stderr(fd: int) -> None:

@@ -160,12 +160,12 @@ def dispatch(module: Any, req: Request) -> bytes:
     try:
         wire = to_wire(result, req.version)
     except CniError:
-        _rollback(module, req)
+        rollback(module, req)
         raise
     return jsonio.dumps(wire) + b"\n"
 
 
-def _rollback(module: Any, req: Request) -> None:
+def rollback(module: Any, req: Request) -> None:
     """The result cannot be printed in the requested version: undo the ADD before failing."""
 
     try:

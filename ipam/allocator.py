@@ -1,19 +1,17 @@
-"""Allocation for one attachment in one range, the one-call form of the pure decision core (ipam.decide):
-the address and the pool update to commit, or ExhaustedError. The engine batches through ipam.decide."""
+"""An ADD's outcome from the pure decision core (ipam.decide) as the executor acts on it (ipam.attempt):
+the address and the pool update to commit, or the CNI error (pool exhausted, a requested address taken)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable, Sequence, Set
 
 from cni import log
 from cni.errors import AddressTakenError, ConfigError, ExhaustedError
 from cni.types.valueclass import valueclass
 from ipam import decide
-from ipam.decide import SnapshotView, lowest_free, scatter
-from ipam.model import Allocation, Pool, PoolUpdate, PoolView, Segment
+from ipam.decide import SnapshotView
+from ipam.model import Allocation, PoolUpdate, PoolView, Segment
 from ipam.ranges import IPRange
 
-__all__ = ["Decision", "SnapshotView", "allocate", "find", "lowest_free", "release", "scatter"]
+__all__ = ["Decision", "SnapshotView", "decision", "find", "segments_as_offsets", "taken"]
 
 
 @valueclass
@@ -30,36 +28,8 @@ def segments_as_offsets(rng: IPRange) -> list[Segment]:
     return [(lo - rng.base, hi - rng.base) for lo, hi in rng.segments]
 
 
-def allocate(
-    rng: IPRange,
-    pool: PoolView | Pool,
-    owner: Allocation,
-    blocked: Set[int] = frozenset(),
-    prefer: Sequence[int] = (),
-    spread: int = 1,
-    pick: Callable[[int], int] | None = None,
-    start: int | None = None,
-    want: int | None = None,
-) -> Decision:
-    """The owner's address in this pool (ipam.decide.add): `blocked` offsets are held elsewhere,
-    `prefer` offsets this call already reserved (kept while free), `spread` > 1 picks with `pick(n)`
-    among the lowest `spread` free offsets, `start` takes the lowest free offset at or after it,
-    wrapping around. `want` (a requested address, ipam.requested): exactly that offset, or code 109
-    naming its holder (the same attachment holding another address in the pool: code 7)."""
-    view = SnapshotView(pool) if isinstance(pool, Pool) else pool
-    segments = segments_as_offsets(rng)
-    op = decide.Add(owner, reserved=tuple(prefer), blocked=frozenset(blocked), start=start, want=want)
-    outcome = decide.add(view, op, segments)
-    new = isinstance(outcome, decide.Took) and outcome.kind == "new" and outcome.offset not in prefer
-    if new and spread > 1 and start is None and want is None:
-        assert isinstance(outcome, decide.Took)
-        found = decide.candidates(view, segments, op.blocked, outcome.offset, spread)
-        outcome = decide.Took(found[(pick or _randrange)(len(found))], "new")
-    return decision(rng, view, owner, outcome)
-
-
 def decision(rng: IPRange, view: PoolView, owner: Allocation, outcome: decide.Outcome) -> Decision:
-    """An Add's outcome as the executor acts on it: pool full is ExhaustedError (code 2 with the pool's
+    """An Add's outcome as the executor acts on it: pool full is ExhaustedError (code 100 with the pool's
     count), a requested offset held by another AddressTakenError (code 109 naming the holder), a request
     from an attachment holding another address ConfigError, a takeover is logged."""
     if isinstance(outcome, decide.Taken):
@@ -96,22 +66,7 @@ def taken(rng: IPRange, offset: int, holder: Allocation | None, where: str) -> A
     )
 
 
-def _randrange(n: int) -> int:
-    """random.randrange(n), the module imported on first use (a spread > 1: only after lost races);
-    importing `random` would cost every plugin call."""
-    import random
-
-    return random.randrange(n)
-
-
-def release(pool: PoolView | Pool, owner: Allocation) -> PoolUpdate:
-    """Remove every allocation of this attachment (container id and ifname)."""
-    view = SnapshotView(pool) if isinstance(pool, Pool) else pool
-    return PoolUpdate(remove=frozenset(k for k, _ in view.owned(owner)))
-
-
-def find(pool: PoolView | Pool, owner: Allocation) -> tuple[str, Allocation] | None:
+def find(view: PoolView, owner: Allocation) -> tuple[str, Allocation] | None:
     """The allocation of this attachment, lowest offset first."""
-    view = SnapshotView(pool) if isinstance(pool, Pool) else pool
     mine = view.owned(owner)
     return mine[0] if mine else None

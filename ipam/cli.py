@@ -35,8 +35,6 @@ from ipam.store.names import pool_name, reservation_name
 BAR = 20
 METRICS_ENV = "PYCNI_METRICS"
 DEFAULT_METRICS = "127.0.0.1:9737"  # == cni.exporter.DEFAULT_PORTS[RECONCILER]
-
-
 PROG = "pycni-ipam"  # the bundle's entry; `python -m ipam` passes its own
 
 
@@ -145,24 +143,15 @@ def cmd_show(store: Store, name: str, out: TextIO) -> int:
     pool = store.get_pool(name)
     if pool is None:
         raise ConfigError(f"pool {name}: not found")
-    rows = [("IP", "POD", "IFNAME", "CONTAINER", "POD UID", "NETWORK", "NODE")]
+    rows: list[tuple[str, ...]] = [("IP", "POD", "IFNAME", "CONTAINER", "POD UID", "NETWORK", "NODE")]
     keys = sorted(pool.allocations, key=lambda k: (len(k), k))
     extras: dict[Attachment, Allocation] = {}
     if any(not a.has_extras() for a in pool.allocations.values()):  # a lean pool's: on the reservations
         extras = by_attachment(r.owner for r in store.iter_reservations())
     for key in keys:
         a = joined(pool.allocations[key], extras)
-        rows.append(
-            (
-                address_of(pool, key),
-                a.podref or "-",
-                a.ifname or "-",
-                a.container_id[:16] or "-",
-                a.pod_uid or "-",
-                a.network or "-",
-                a.node or "-",
-            )
-        )
+        cells = (a.podref, a.ifname, a.container_id[:16], a.pod_uid, a.network, a.node)
+        rows.append((address_of(pool, key), *(c or "-" for c in cells)))
     out.write(f"pool {pool.name}  range {pool.range}  {len(keys)} allocated  version {pool.version}\n")
     table(rows, out)
     return 0

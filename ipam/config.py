@@ -34,14 +34,8 @@ FLAT_FILES = (
     "/etc/cni/net.d/whereabouts.d/whereabouts.conf",
     "/host/etc/cni/net.d/whereabouts.d/whereabouts.conf",
 )
-IGNORED = ("leader_lease_duration", "leader_renew_deadline", "leader_retry_period", "sleep_for_race")
-ETCD_KEYS = (
-    "etcd_host",
-    "etcd_username",
-    "etcd_password",
-    "etcd_key_file",
-    "etcd_cert_file",
-    "etcd_ca_cert_file",
+ETCD_KEYS = tuple(
+    f"etcd_{k}" for k in ("host", "username", "password", "key_file", "cert_file", "ca_cert_file")
 )
 
 
@@ -173,30 +167,19 @@ def from_dict(d: dict[str, Any], path: str = "ipam") -> IpamConfig:
     otherwise valid."""
     gateway = _gateway(d, path)
     parsed = _ranges(d, path, gateway)
-    routes = tuple(
-        parse_route(r, f.join(f.join(path, "routes"), i))
-        for i, r in enumerate(f.opt(d, "routes", list, path, []))
-    )
-    dns = parse_dns(d.get("dns"), f.join(path, "dns"))
-    addresses = _addresses(d, path)
-    overlapping = bool(f.opt(d, "enable_overlapping_ranges", bool, path, True))
-    network_name = _network_name(d, path)
-    log_file = f.opt(d, "log_file", str, path, "")
-    log_level = f.opt(d, "log_level", str, path, "")
-    cron = f.opt(d, "reconciler_cron_expression", str, path, "")
-    store = store_config(d, path)
+    routes = f.opt(d, "routes", list, path, [])
     return IpamConfig(
         ranges=parsed,
         gateway=gateway,
-        routes=routes,
-        dns=dns,
-        addresses=addresses,
-        overlapping=overlapping,
-        network_name=network_name,
-        store=store,
-        log_file=log_file,
-        log_level=log_level,
-        reconciler_cron_expression=cron,
+        routes=tuple(parse_route(r, f.join(f.join(path, "routes"), i)) for i, r in enumerate(routes)),
+        dns=parse_dns(d.get("dns"), f.join(path, "dns")),
+        addresses=_addresses(d, path),
+        overlapping=bool(f.opt(d, "enable_overlapping_ranges", bool, path, True)),
+        network_name=_network_name(d, path),
+        log_file=f.opt(d, "log_file", str, path, ""),
+        log_level=f.opt(d, "log_level", str, path, ""),
+        reconciler_cron_expression=f.opt(d, "reconciler_cron_expression", str, path, ""),
+        store=(store := store_config(d, path)),
         node_slice_size=_node_slice_size(d, path, parsed, store),
     )
 
@@ -266,13 +249,8 @@ def _addresses(d: dict[str, Any], path: str) -> tuple[StaticAddress, ...]:
     for i, item in enumerate(f.opt(d, "addresses", list, path, [])):
         ipath = f.join(f.join(path, "addresses"), i)
         f.typed(item, dict, ipath)
-        gw = item.get("gateway")
-        out.append(
-            StaticAddress(
-                f.cidr(f.req(item, "address", str, ipath), f.join(ipath, "address")),
-                None if gw in (None, "") else f.ip(gw, f.join(ipath, "gateway")),
-            )
-        )
+        address = f.cidr(f.req(item, "address", str, ipath), f.join(ipath, "address"))
+        out.append(StaticAddress(address, _gateway(item, ipath)))
     return tuple(out)
 
 

@@ -1,15 +1,15 @@
 """One kept-alive HTTP(S) connection to one server: the HTTP layer of every cluster store (the
-Kubernetes API, ipam.kubeapi; etcd's JSON gateway, ipam.store.etcdgw). Sockets and ssl only: HTTP/1.1
-as these two servers speak it (Content-Length, chunked or close-delimited answers, keep-alive) is a
-small reader; http.client would add the email package's parser to every plugin call
+Kubernetes API, ipam.kubeapi; etcd's JSON gateway, ipam.store.etcdgw). HTTP/1.1 as these two servers
+speak it (Content-Length, chunked or close-delimited answers, keep-alive) is a small reader over
+ipam.tls's sockets; http.client would add the email package's parser to every plugin call
 (docs/benchmarks.md).
 
 - Timeouts: `connect` bounds the TCP connect, `read` the TLS handshake and every read of an answer.
 - A kept-alive connection the server closed meanwhile is reopened once, and only when it was reused:
   a request on a fresh connection is never sent twice by this layer (a write is never repeated).
 - TLS: the caller's context (ipam.tls.client_context); `server_name` overrides the name checked and
-  sent in SNI (by default the URL's host). Sockets and TLS are ipam.tls (the socket and ssl modules).
-- Proxy: an `http://` proxy tunnels (CONNECT) to an https server and forwards plain http.
+  sent in SNI (by default the URL's host). An `http://` proxy tunnels (CONNECT) to an https server
+  and forwards plain http.
 Errors are OSError (SlowAnswer: a timeout waiting for the answer; BadAnswer: not HTTP/1.x), the TLS
 ones (ssl.SSLError) included, for the caller to map."""
 
@@ -179,10 +179,7 @@ class Connection:
         self, method: str, path: str, body: bytes | None, headers: dict[str, str]
     ) -> tuple[int, bytes]:
         """One request; (status, body)."""
-        target = self.prefix + path
-        if self.proxy is not None and self.scheme == "http":
-            target = f"http://{self.authority}{target}"
-        message = _message(method, target, self.authority, body, headers)
+        message = _message(method, self._target(path), self.authority, body, headers)
         for attempt in (0, 1):
             reused = self._sock is not None
             sock, reader = self._open()
@@ -209,13 +206,10 @@ class Connection:
         (status, the body's non-empty lines). Always on a fresh connection, closed once the body ends or
         by the caller's `close()` when it stops reading early (never reused mid-answer). Each read waits
         at most the read timeout (SlowAnswer); the lines of an error answer are its body."""
-        target = self.prefix + path
-        if self.proxy is not None and self.scheme == "http":
-            target = f"http://{self.authority}{target}"
         self.close()  # a fresh connection: a watch is long, and a request on it is never sent twice
         sock, reader = self._open()
         try:
-            sock.sendall(_message("GET", target, self.authority, None, headers))
+            sock.sendall(_message("GET", self._target(path), self.authority, None, headers))
             status, _, fields = _head(reader)
         except TimeoutError as e:
             self.close()
@@ -225,6 +219,12 @@ class Connection:
             raise
         chunked = "chunked" in fields.get("transfer-encoding", "").lower()
         return status, _lines(self, reader, chunked, fields.get("content-length"))
+
+    def _target(self, path: str) -> str:
+        """The request target: the path under the URL's, the absolute URL through a plain http proxy."""
+        if self.proxy is not None and self.scheme == "http":
+            return f"http://{self.authority}{self.prefix}{path}"
+        return self.prefix + path
 
     def _open(self) -> tuple[Socket, _Reader]:
         if self._sock is not None and self._in is not None:
@@ -325,7 +325,7 @@ def _answer(reader: _Reader, method: str) -> tuple[int, bytes, bool]:
     if method == "HEAD" or status in (204, 304):
         return status, b"", keep
     if "chunked" in fields.get("transfer-encoding", "").lower():
-        return status, _chunked(reader), keep
+        return status, b"".join(_chunks(reader)), keep
     if "content-length" in fields:
         try:
             length = int(fields["content-length"])
@@ -347,8 +347,9 @@ def _fields(reader: _Reader) -> dict[str, str]:
     raise BadAnswer("too many header lines")
 
 
-def _chunked(reader: _Reader) -> bytes:
-    out: list[bytes] = []
+def _chunks(reader: _Reader) -> Iterator[bytes]:
+    """The chunks of a chunked body, as they come (the trailers after the last are read, to the blank
+    line)."""
     while True:
         size_line = reader.line().split(b";", 1)[0].strip()
         try:
@@ -356,9 +357,9 @@ def _chunked(reader: _Reader) -> bytes:
         except ValueError:
             raise BadAnswer(f"bad chunk size {size_line[:20]!r}") from None
         if size == 0:
-            _fields(reader)  # trailers, up to the blank line
-            return b"".join(out)
-        out.append(reader.exact(size))
+            _fields(reader)
+            return
+        yield reader.exact(size)
         reader.exact(2)  # the chunk's CRLF
 
 
@@ -397,23 +398,15 @@ def _lines(conn: Connection, reader: _Reader, chunked: bool, length: str | None)
             body = reader.exact(int(length)) if length and length.isdigit() else reader.rest()
             yield from (line for line in body.splitlines() if line.strip())
             return
-        while True:
-            size_line = reader.line().split(b";", 1)[0].strip()
-            try:
-                size = int(size_line, 16)
-            except ValueError:
-                raise BadAnswer(f"bad chunk size {size_line[:20]!r}") from None
-            if size == 0:
-                if pending.strip():
-                    yield bytes(pending)
-                return
-            pending += reader.exact(size)
-            reader.exact(2)
+        for chunk in _chunks(reader):
+            pending += chunk
             while (end := pending.find(b"\n")) >= 0:
                 line = bytes(pending[:end])
                 del pending[: end + 1]
                 if line.strip():
                     yield line
+        if pending.strip():
+            yield bytes(pending)
     except TimeoutError as e:
         raise SlowAnswer(*e.args) from None
     finally:

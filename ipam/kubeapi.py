@@ -1,25 +1,17 @@
 """The Kubernetes API as the IPAM uses it: a kubeconfig, and JSON requests over one kept-alive
-connection of ipam.httpconn (sockets + TLS: ipam.tls), the same HTTP layer as the etcd store. Shared by
-the CRD store (ipam.store.kube) and the pod source (ipam.kubepods).
+connection of ipam.httpconn (sockets + TLS: ipam.tls), shared by the CRD store (ipam.store.kube) and the
+pod source (ipam.kubepods). Not the `kubernetes` client: its REST layer alone (urllib3) costs every
+plugin process more than all of this (figures: docs/benchmarks.md).
 
-Why not the `kubernetes` client: every CNI call is a fresh process, and its REST layer alone (urllib3)
-is a costly import, its package __init__ more so (figures: docs/benchmarks.md).
-The kubeconfig is read here (JSON, else YAML through PyYAML), exec credential plugins are run here
-(`exec_token`, the ExecCredential protocol).
-
-Kubeconfig: the current context's cluster, user and namespace (upstream whereabouts' rule: the
-context namespace, `kube-system` when empty). Cluster: `server`, `certificate-authority(-data)`,
-`insecure-skip-tls-verify`, `tls-server-name`, `proxy-url`. User: `token`, `tokenFile` (re-read
-once when the server answers 401: the kubelet rotates projected tokens; awaited to change, TOKEN_WAIT,
-when it still holds the refused token), `client-certificate(-data)`
-and `client-key(-data)`, `username`/`password`, `exec`. Relative paths are relative to the kubeconfig.
-`auth-provider` (removed from kubectl) is refused with a clear error. Secrets are never logged.
-
-In a pod, `"kubeconfig": "in-cluster"` (IN_CLUSTER) takes the pod's own ServiceAccount as client-go's
-`rest.InClusterConfig()` does: the server from KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT (the
-`kubernetes` Service's address, which the kubelet puts in every pod: no cluster DNS needed), the
-projected token file (re-read as above) and ca.crt of /var/run/secrets/kubernetes.io/serviceaccount,
-and that directory's `namespace` as the namespace of the IPAM objects.
+Kubeconfig (JSON, else YAML through PyYAML): the current context's cluster, user and namespace
+(upstream whereabouts' rule: the context namespace, `kube-system` when empty). Cluster: `server`,
+`certificate-authority(-data)`, `insecure-skip-tls-verify`, `tls-server-name`, `proxy-url`. User:
+`token`, `tokenFile` (re-read once when the server answers 401: the kubelet rotates projected tokens;
+awaited to change, TOKEN_WAIT, while it still holds the refused token), `client-certificate(-data)`,
+`client-key(-data)`, `username`/`password`, `exec` (`exec_token`, the ExecCredential protocol).
+Relative paths are relative to the kubeconfig; `auth-provider` is refused; secrets are never logged.
+`"kubeconfig": "in-cluster"` (IN_CLUSTER) takes the pod's own ServiceAccount as client-go's
+`rest.InClusterConfig()` does (`in_cluster_config`).
 
 Requests have bounded timeouts (connect, read) and no hidden retries of writes; the callers map
 `ApiError` (an HTTP status) and `Unreachable` (no answer) to their own errors."""
@@ -305,14 +297,9 @@ class Client:
                     self._await_new_token(refused)
                 continue
             break
-        try:
-            doc = jsonio.loads(data, f"{method} {path}") if data else {}
-        except Exception:
-            doc = {}
+        doc = _decoded(data, f"{method} {path}")
         if status >= 400:
-            message = doc.get("message", "") if isinstance(doc, dict) else ""
-            reason = doc.get("reason", "") if isinstance(doc, dict) else ""
-            raise ApiError(status, str(reason), str(message) or data[:200].decode(errors="replace"))
+            raise _error(status, doc, data)
         if not isinstance(doc, dict):
             raise ApiError(status, "BadResponse", f"{method} {path}: expected a JSON object")
         return doc
@@ -324,24 +311,15 @@ class Client:
         above the watch's timeoutSeconds). A 401 re-reads the credentials once, as `request`."""
         target = self.target(path, {**(query or {}), "watch": "1"})
         for attempt in (0, 1):
-            headers = {"Accept": "application/json", "User-Agent": "pycni-agent"}
-            if self._auth:
-                headers["Authorization"] = self._auth
             try:
-                status, lines = self.http.stream(target, headers)
+                status, lines = self.http.stream(target, self._headers("pycni-agent"))
                 if status == 401 and attempt == 0 and (self.conf.token_file or self.conf.exec is not None):
                     self.http.close()
                     self._authorize()
                     continue
                 if status >= 400:
                     data = b"".join(lines)
-                    try:
-                        doc = jsonio.loads(data, f"GET {path}") if data else {}
-                    except Exception:
-                        doc = {}
-                    doc = doc if isinstance(doc, dict) else {}
-                    raise ApiError(status, str(doc.get("reason", "")),
-                                   str(doc.get("message", "")) or data[:200].decode(errors="replace"))
+                    raise _error(status, _decoded(data, f"GET {path}"), data)
                 for line in lines:
                     event = jsonio.loads(line, f"watch {path}")
                     if isinstance(event, dict):
@@ -354,11 +332,14 @@ class Client:
             finally:
                 self.http.close()
 
-    def _send(self, method: str, target: str, body: Any, content_type: str = "") -> tuple[int, bytes]:
-        headers = {"Accept": "application/json", "User-Agent": "pycni-ipam"}
+    def _headers(self, agent: str) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": agent}
         if self._auth:
             headers["Authorization"] = self._auth
-        data = None
+        return headers
+
+    def _send(self, method: str, target: str, body: Any, content_type: str = "") -> tuple[int, bytes]:
+        headers, data = self._headers("pycni-ipam"), None
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
             data = body if isinstance(body, bytes) else jsonio.dumps(body)
@@ -376,6 +357,21 @@ class Client:
 
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = ""
+
+
+def _decoded(data: bytes, what: str) -> Any:
+    """An answer's JSON ({} when empty or not JSON)."""
+    try:
+        return jsonio.loads(data, what) if data else {}
+    except Exception:
+        return {}
+
+
+def _error(status: int, doc: Any, data: bytes) -> ApiError:
+    """The error an error status answer (`doc`, decoded from `data`) stands for."""
+    doc = doc if isinstance(doc, dict) else {}
+    message = str(doc.get("message", "")) or data[:200].decode(errors="replace")
+    return ApiError(status, str(doc.get("reason", "")), message)
 
 
 EXEC_TIMEOUT = 30.0

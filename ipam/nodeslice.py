@@ -2,14 +2,12 @@
 range becomes the slice's range (its pool, offsets and name; ipam.slices.in_slice), so the engine
 allocates, releases, checks and collects in that pool exactly as in any other.
 
-Who assigns: the plugin, on the ADD that first needs a slice. Upstream's node-slice-controller assigns
-when it runs; where it does not, a node's first ADD must not wait for anyone. Ours does what the
-controller does, one node at a time: read the NodeSlicePool (`network_name`, else the CNI config's
-`name`); absent: create it with every slice and this node in the first one; present and this node
-without a slice: give it the first free slice (both upstream's rules), with compare-and-swap on
-resourceVersion, so concurrent assigners (other nodes, the controller) each see the other's write and
-never hand one slice out twice. A controller started later finds the same range and size and keeps
-every assignment of a node that has a Node object (it frees the slices of names without one).
+Who assigns: the plugin, on the ADD that first needs a slice (upstream's node-slice-controller, where
+it runs, does the same; a node's first ADD must not wait for it). Read the NodeSlicePool
+(`network_name`, else the CNI config's `name`); absent: create it with every slice and this node in
+the first; present and this node without a slice: give it the first free slice (upstream's rules),
+compare-and-swap on resourceVersion, so concurrent assigners (other nodes, the controller) never hand
+one slice out twice. A controller started later keeps every assignment of a node with a Node object.
 
 DEL, CHECK and GC never assign: a node without a slice has nothing in any slice pool."""
 

@@ -6,19 +6,16 @@ leader election and no cluster-wide pod cache.
 - **Watch**: LIST the node's pods, then WATCH from the list's resourceVersion (bookmarks on,
   `timeoutSeconds` bounded), resumed from the last resourceVersion after a dropped connection (with
   backoff), listed again after 410 Gone. A relist that misses a pod known before treats it as deleted.
-- **Sweep**: deletions are queued; a sweeper thread takes every deletion queued so far and runs ONE
-  reconciler pass (ipam.reconciler: the same judgement, decision core and compare-and-swap through
-  ipam.removal) that judges only the entries naming those pods: an entry recording the deleted UID is
-  freed at once; one without a UID, or with another UID (a pod of the same name: StatefulSets), is
-  judged by a GET of the pod by name, as the reconciler does. Entries of every other pod are kept
-  without a request. Requests of a sweep: one LIST of the pools and one of the reservations (paged), a
-  PATCH per pool holding a freed entry (guarded with the pool as listed), a GET of the pool holding a
-  reservation's address and the reservation's DELETE, and a GET per deleted pod when an entry lacks its
-  UID (lean pool entries do: the reservation holds it). A dual-stack pod: 9 (docs/benchmarks.md).
-- **Start-up**: the first LIST is compared with the pools: entries recorded by this node whose pod is not
-  among its listed pods (same UID) are judged by GET; deletions missed while the agent was down are freed
-  then. The periodic reconciler stays the safety net for anything else (a watch that cannot be opened,
-  a sweep that failed, entries another node recorded).
+- **Sweep**: a sweeper thread takes every deletion queued so far and runs ONE reconciler pass
+  (ipam.reconciler, freeing through ipam.removal) that judges only the entries naming those pods: one
+  recording the deleted UID is freed at once; one without a UID, or with another (a pod of the same
+  name: StatefulSets), is judged by a GET of the pod, as the reconciler does. A sweep's requests: one
+  paged LIST of the pools and one of the reservations, a guarded PATCH per pool holding a freed entry,
+  a GET of the pool holding a reservation's address and the reservation's DELETE, a GET per deleted
+  pod when an entry lacks its UID (lean entries do). A dual-stack pod: 9 (docs/benchmarks.md).
+- **Start-up**: entries recorded by this node whose pod is not among its first LIST (same UID) are
+  judged by GET: deletions missed while the agent was down are freed then. The periodic reconciler
+  stays the safety net (a watch that cannot be opened, a failed sweep, entries of other nodes).
 
 Failures are logged and counted, never raised into plugin calls (their own threads)."""
 
@@ -111,16 +108,10 @@ class PodWatch:
 
     # the watch
 
-    def _path(self) -> str:
-        return PODS
-
-    def _selector(self) -> dict[str, Any]:
-        return {"fieldSelector": f"spec.nodeName={self.node}"}
-
     def relist(self) -> None:
         """LIST the node's pods; pods known before and missing now (or with another UID) are deleted."""
         rbac.require(rbac.NODE, "", "pods", "list")
-        doc = self.client.request("GET", self._path(), query=self._selector())
+        doc = self.client.request("GET", PODS, query={"fieldSelector": f"spec.nodeName={self.node}"})
         metrics.sink().watch_request("list")
         self.lists += 1
         listed = {_key(item): _uid(item) for item in doc.get("items") or [] if isinstance(item, dict)}
@@ -135,11 +126,11 @@ class PodWatch:
         self.version = str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
     def events(self) -> Iterator[dict[str, Any]]:
-        query = {**self._selector(), "resourceVersion": self.version, "allowWatchBookmarks": "true",
-                 "timeoutSeconds": self.timeout}  # fmt: skip
+        query = {"fieldSelector": f"spec.nodeName={self.node}", "resourceVersion": self.version,
+                 "allowWatchBookmarks": "true", "timeoutSeconds": self.timeout}  # fmt: skip
         rbac.require(rbac.NODE, "", "pods", "watch")
         metrics.sink().watch_request("watch")
-        return self.client.watch(self._path(), query)
+        return self.client.watch(PODS, query)
 
     def handle(self, event: dict[str, Any]) -> bool:
         """One watch event; False when the watch must be listed again (410 Gone)."""

@@ -1,15 +1,9 @@
 """TCP and TLS for the cluster stores' HTTP layer (ipam.httpconn), on the public `socket` and `ssl`
-modules; the one module of ours that imports `ssl` (an import-linter contract).
-
-- `client_context` is `ssl.create_default_context()`: the server's certificate required and checked
-  against the given CAs (the system's without any), its name checked, TLS 1.2 or later, whatever else
-  the interpreter's default context sets (fixes made in ssl.py are inherited).
-- `skip_verify` turns the checks off, for a kubeconfig's `insecure-skip-tls-verify: true`: an explicit
-  choice of the caller, logged as a warning each time a context is made with it.
-- `wrap` does the handshake (`SSLContext.wrap_socket`) and requires the server's name: the name
-  checked against the certificate and sent in SNI. A missing one is refused (ValueError), never
-  silently replaced by no check.
-Errors are the ssl module's own classes (re-exported here for the callers, which import no ssl)."""
+modules; the one module of ours that imports `ssl` (an import-linter contract). Contexts are the
+interpreter's default one (certificate and name checked, TLS 1.2 or later); only a kubeconfig's
+`insecure-skip-tls-verify` turns the checks off (`skip_verify`, logged), and a handshake without a
+server name is refused, never silently made without a check. Errors are the ssl module's own classes
+(re-exported here for the callers, which import no ssl)."""
 
 from __future__ import annotations
 

@@ -248,12 +248,16 @@ def _to_v02(r: Result, version: str) -> dict[str, Any]:
             block["routes"] = routes
         out[key] = block
     if "ip4" not in out and "ip6" not in out:
-        raise ConfigError(
-            f"cniVersion {version} cannot express a result without IP addresses",
-            "use cniVersion 0.3.0 or newer for an attachment without IPAM",
-        )
+        raise _no_ips(version)
     out["dns"] = _dns_wire(r.dns)
     return out
+
+
+def _no_ips(version: str) -> ConfigError:
+    return ConfigError(
+        f"cniVersion {version} cannot express a result without IP addresses",
+        "use cniVersion 0.3.0 or newer for an attachment without IPAM",
+    )
 
 
 def to_wire(r: Result, version: str) -> dict[str, Any]:
@@ -273,3 +277,20 @@ def to_wire(r: Result, version: str) -> dict[str, Any]:
     if dns or fam == "0.4":
         out["dns"] = dns
     return out
+
+
+def narrowed(r: Result, version: str) -> Result:
+    """`r` as a `version` result holds it: what `to_wire(r, version)` prints, parsed back, without
+    printing it (an IPAM run in process hands its Result over). ConfigError where to_wire raises."""
+    if version == "1.1.0":
+        return r
+    routes = tuple(Route(rt.dst, rt.gw) for rt in r.routes)  # the fields before 1.1.0
+    if spec.family(version) != "0.2":
+        interfaces = tuple(Interface(i.name, i.mac, i.sandbox) for i in r.interfaces)
+        return Result(interfaces, r.ips, routes, r.dns)
+    firsts = [next((ip for ip in r.ips if ip.version == fam), None) for fam in (4, 6)]
+    ips = tuple(IPConfig(ip.address, ip.gateway) for ip in firsts if ip is not None)
+    if not ips:
+        raise _no_ips(version)
+    return Result(ips=ips, routes=tuple(rt for ip in ips for rt in routes if rt.dst.version == ip.version),
+                  dns=r.dns)  # fmt: skip

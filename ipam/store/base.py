@@ -1,51 +1,30 @@
 """The store protocol: what every IPAM store (local SQLite, Kubernetes CRDs, etcd; tests/memstore.py in
-tests) implements.
-
-The data model (`Pool`, `Allocation`, `Reservation`, `PoolUpdate`, `PoolView`) is ipam.model.
+tests) implements, over the data model of ipam.model (`Pool`, `Allocation`, `Reservation`, `PoolUpdate`,
+`PoolView`); ipam.store.crd maps it to and from the CRD objects.
 
 Concurrency: compare-and-swap on an opaque per-object `version` (resourceVersion, etcd mod_revision, a
 SQLite row version) is the only mechanism. A write names the version it was computed from; a store
 raises `Conflict` if the object changed (or, for a create, exists) and changes nothing. There is no
-lock and no transaction spanning two objects.
+lock and no transaction spanning two objects. A store that merges (`merges`, the Kubernetes store)
+guards `commit_pool` entry by entry instead: each entry it adds must still be absent, each it replaces
+or removes must still name the container it named in the snapshot (an update marked `whole` is guarded
+by the whole version there too); writers of different entries then never conflict. The engine's
+decisions rest only on the entries they touch (and the reservations), so both kinds are correct for it.
 
-Failures: a store that cannot be reached raises `StoreUnavailable` (CNI code 11) from any method. Any
-other backend error is the store's bug to map; never let a client library's exception escape.
+Failures: a store that cannot be reached raises `StoreUnavailable` (CNI code 11) from any method; any
+other backend error is the store's bug to map (never let a client library's exception escape).
+`iter_pools` and `iter_reservations` page through the backend. A handle is used by one thread at a
+time.
 
-Listing: `iter_pools` and `iter_reservations` are generators that page through the backend, so the
-CLI and the reconciler hold one page, not everything. A store handle is used by one thread at a time;
-open one handle per thread or process.
-
-Optional features are declared in `Store` with defaults that mean "not offered"; a store class
-subclasses `Store` and overrides what it offers (the engine asks, never probes with getattr):
-
-Optional: a store that can answer allocation's questions without loading a pool (the local store,
-with indexes) overrides `view_pool(name) -> PoolView | None`, valid inside `exclusive()`. The engine
-uses it when it answers and a snapshot of `get_pool` otherwise.
-
-Optional: a store that can make a read-modify-write atomic cheaply (the local store: one SQLite file
-on one node) sets `serial = True` and overrides `exclusive() -> ContextManager[None]`: the calls made
-inside form one atomic unit. The engine then runs each attempt inside it, so writers on one node queue
-instead of racing. Correctness never depends on it (the CAS checks run inside as well); cluster stores
-do not offer it.
-
-Optional (the Kubernetes store): `snapshot(name, version)` / `restore(data)` serialise a pool as this
-handle last read or wrote it, for the next writer on the node (ipam.nodelock); `known_reservation(name)`
-answers a reservation as this process last wrote or read it, so a delete can name its version without
-a read.
-
-Optional: a store may merge (`merges = True`, the Kubernetes store): `commit_pool` then applies the
-update to the pool as it is when the write arrives, guarded entry by entry instead of by the whole
-version: each entry it adds must still be absent, each it replaces or removes must still name the
-container it named in the snapshot; otherwise Conflict and nothing changes. Writers of different
-entries then never conflict. An update marked `whole` is guarded by the whole version there too. The
-engine's decisions only ever rest on the entries they touch (and, with overlapping ranges, on the
-reservations), so both kinds are correct for it.
+Optional features have defaults in `Store` that mean "not offered"; a store overrides what it offers
+(the engine asks, never probes with getattr): `serial` with `exclusive()` (the local store: the calls
+inside form one atomic unit, so writers on a node queue instead of racing; the CAS checks still run),
+`view_pool` (answers inside exclusive() without loading the pool), `written`, `known_reservation` and
+`recent_pool` (what this handle last read or wrote, a cheaper read).
 
 A store module `ipam/store/<name>.py` exposes `open_store(conf: ipam.config.StoreConfig) -> Store`
-(see ipam.store.select) and joins the contract suite by adding a factory to
-tests/contract/factories.py, and the process-level concurrency suite (200 ADDs, the seeded storm)
-by adding a target to tests/concurrency/stores.py. ipam.store.crd maps this model to and from the
-CRD objects."""
+(ipam.store.select) and joins the contract suite (a factory in tests/contract/factories.py) and the
+process-level concurrency suite (a target in tests/concurrency/stores.py)."""
 
 from __future__ import annotations
 
@@ -55,8 +34,7 @@ from contextlib import AbstractContextManager
 from cni.errors import CniError, Code, TryAgainError
 from ipam.model import Pool, PoolUpdate, PoolView, Reservation
 
-# typing.Protocol only for the type checker (importing typing and building a Protocol class would cost
-# every plugin call): the stores subclass Store explicitly, so at run time it is a plain base class.
+# typing.Protocol only for the type checker: the stores subclass Store, at run time a plain base class
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     from typing import Protocol
@@ -81,15 +59,12 @@ class Conflict(CniError):
 
 
 class Store(Protocol):
-    """One handle onto a store. See the module docstring for the rules; store classes subclass it and
-    so inherit the optional features' defaults (not offered)."""
+    """One handle onto a store (the rules: the module's doc)."""
 
     merges: bool = False  # commit_pool guards entry by entry, not the whole version
     serial: bool = False  # exclusive() makes an attempt atomic: writers through it never race
 
-    def get_pool(self, name: str) -> Pool | None:
-        """The pool named `name`, or None if it does not exist."""
-        ...
+    def get_pool(self, name: str) -> Pool | None: ...
 
     def commit_pool(self, pool: Pool, update: PoolUpdate) -> str:
         """Apply `update` to the stored pool iff its version is still `pool.version` (only
@@ -99,9 +74,7 @@ class Store(Protocol):
         allocation leaves an empty pool behind (as upstream does)."""
         ...
 
-    def iter_pools(self) -> Iterator[Pool]:
-        """Every pool, one at a time, in no particular order; pages through the backend."""
-        ...
+    def iter_pools(self) -> Iterator[Pool]: ...
 
     def get_reservation(self, name: str) -> Reservation | None: ...
 
@@ -115,12 +88,10 @@ class Store(Protocol):
         is already gone is success."""
         ...
 
-    def iter_reservations(self) -> Iterator[Reservation]:
-        """Every reservation, one at a time; pages through the backend."""
-        ...
+    def iter_reservations(self) -> Iterator[Reservation]: ...
 
     def ping(self) -> None:
-        """Return if the store is reachable and usable; raise StoreUnavailable otherwise."""
+        """StoreUnavailable unless the store is reachable and usable."""
         ...
 
     def close(self) -> None: ...

@@ -129,16 +129,10 @@ def pool_from_object(obj: dict[str, Any], version: str | None = None) -> Pool:
     owners = decode_owners(meta.get("annotations"))
     allocations = {}
     for key, entry in (spec.get("allocations") or {}).items():
-        plain = Allocation(
-            str(entry.get("id", "")), str(entry.get("podref", "")), str(entry.get("ifname", ""))
-        )
+        plain = Allocation(*(str(entry.get(k, "")) for k in ("id", "podref", "ifname")))
         allocations[str(key)] = attach(plain, owners.get(str(key)))
-    return Pool(
-        str(meta.get("name", "")),
-        str(spec.get("range", "")),
-        allocations,
-        version if version is not None else meta.get("resourceVersion"),
-    )
+    version = version if version is not None else meta.get("resourceVersion")
+    return Pool(str(meta.get("name", "")), str(spec.get("range", "")), allocations, version)
 
 
 def reservation_to_object(res: Reservation, namespace: str) -> dict[str, Any]:
@@ -158,14 +152,7 @@ def reservation_from_object(obj: dict[str, Any], version: str | None = None) -> 
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     notes = meta.get("annotations") or {}
-    owner = Allocation(
-        str(spec.get("containerid", "")),
-        str(spec.get("podref", "")),
-        str(spec.get("ifname", "")),
-        str(notes.get(RES_UID, "")),
-        str(notes.get(RES_NETWORK, "")),
-        str(notes.get(RES_NODE, "")),
-    )
-    return Reservation(
-        str(meta.get("name", "")), owner, version if version is not None else meta.get("resourceVersion")
-    )
+    owner = Allocation(*(str(spec.get(k, "")) for k in ("containerid", "podref", "ifname")),
+                       *(str(notes.get(k, "")) for k in (RES_UID, RES_NETWORK, RES_NODE)))  # fmt: skip
+    version = version if version is not None else meta.get("resourceVersion")
+    return Reservation(str(meta.get("name", "")), owner, version)

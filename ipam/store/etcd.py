@@ -43,6 +43,7 @@ PREFIX = "/pycni/whereabouts/"
 POOLS, RESERVATIONS = "ippools/", "overlappingrangeipreservations/"
 POOL_PAGE = 16  # pools can be megabytes each: iterate a few at a time
 RESERVATION_PAGE = 500
+CREATE = {"target": "CREATE", "create_revision": "0", "result": "EQUAL"}  # the key must not exist
 
 
 def open_store(conf: StoreConfig) -> EtcdStore:
@@ -87,11 +88,9 @@ class EtcdStore(Store):
 
     def _txn(self, key: bytes, compare: dict[str, Any], put: dict[str, Any] | None) -> tuple[bool, str]:
         """(succeeded, header revision): `put` the object (None: delete the key) iff `compare` holds."""
-        op = (
-            {"request_put": {"key": b64(key), "value": b64(jsonio.dumps(put))}}
-            if put is not None
-            else {"request_delete_range": {"key": b64(key)}}
-        )
+        op: dict[str, Any] = {"request_delete_range": {"key": b64(key)}}
+        if put is not None:
+            op = {"request_put": {"key": b64(key), "value": b64(jsonio.dumps(put))}}
         failure = [{"request_range": {"key": b64(key), "keys_only": True}}]
         answer = self._call(
             "kv/txn", {"compare": [{"key": b64(key), **compare}], "success": [op], "failure": failure}
@@ -123,8 +122,9 @@ class EtcdStore(Store):
     def commit_pool(self, pool: Pool, update: PoolUpdate) -> str:
         key = self._key(POOLS, pool.name)
         if pool.version is None:
-            obj = _new_pool(pool.name, pool.range)
-            compare: dict[str, Any] = {"target": "CREATE", "create_revision": "0", "result": "EQUAL"}
+            obj = {"apiVersion": crd.API_VERSION, "kind": "IPPool", "metadata": {"name": pool.name},
+                   "spec": {"range": pool.range, "allocations": {}}}  # fmt: skip
+            compare: dict[str, Any] = CREATE
         else:
             last = self._last
             read = last if last is not None and last.key == key and last.revision == pool.version else None
@@ -132,7 +132,7 @@ class EtcdStore(Store):
             if read is None or read.revision != pool.version:
                 raise Conflict(f"pool {pool.name}: changed since version {pool.version}")
             obj = read.obj
-            compare = {"target": "MOD", "mod_revision": pool.version, "result": "EQUAL"}
+            compare = _unchanged(pool.version)
         self._last = None
         _apply(obj, update)
         ok, revision = self._txn(key, compare, obj)
@@ -154,17 +154,14 @@ class EtcdStore(Store):
     def put_reservation(self, res: Reservation) -> str:
         obj = crd.reservation_to_object(Reservation(res.name, res.owner), "")
         del obj["metadata"]["namespace"]
-        if res.version is None:
-            compare: dict[str, Any] = {"target": "CREATE", "create_revision": "0", "result": "EQUAL"}
-        else:
-            compare = {"target": "MOD", "mod_revision": res.version, "result": "EQUAL"}
+        compare = CREATE if res.version is None else _unchanged(res.version)
         ok, revision = self._txn(self._key(RESERVATIONS, res.name), compare, obj)
         if not ok:
             raise Conflict(f"reservation {res.name}: changed since version {res.version}")
         return revision
 
     def delete_reservation(self, res: Reservation) -> None:
-        compare = {"target": "MOD", "mod_revision": res.version or "0", "result": "EQUAL"}
+        compare = _unchanged(res.version or "0")
         ok, exists = self._txn(self._key(RESERVATIONS, res.name), compare, None)
         if not ok and exists:
             raise Conflict(f"reservation {res.name}: changed since version {res.version}")
@@ -185,6 +182,11 @@ class EtcdStore(Store):
         self.gw.close()
 
 
+def _unchanged(version: str) -> dict[str, Any]:
+    """The txn compare of a key still at `version`."""
+    return {"target": "MOD", "mod_revision": version, "result": "EQUAL"}
+
+
 def _read(kv: dict[str, Any]) -> _Read:
     key = unb64(kv["key"])
     try:
@@ -194,15 +196,6 @@ def _read(kv: dict[str, Any]) -> _Read:
     if not isinstance(obj, dict):
         raise StoreUnavailable(f"etcd key {key.decode(errors='replace')}: not a JSON object")
     return _Read(key, str(kv.get("mod_revision", "")), obj)
-
-
-def _new_pool(name: str, rng: str) -> dict[str, Any]:
-    return {
-        "apiVersion": crd.API_VERSION,
-        "kind": "IPPool",
-        "metadata": {"name": name},
-        "spec": {"range": rng, "allocations": {}},
-    }
 
 
 def _apply(obj: dict[str, Any], update: PoolUpdate) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from cni import jsonio, log
@@ -124,22 +124,25 @@ class TokenCache:
     def _dir(self) -> int:
         return os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
-    def read(self) -> str | None:
+    @contextlib.contextmanager
+    def _in_dir(self) -> Iterator[int]:
+        d = self._dir()
         try:
-            d = self._dir()
-        except OSError:
-            return None
-        try:
-            fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
-            with os.fdopen(fd, "rb") as fh:
-                st = os.fstat(fh.fileno())
-                if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-                    return None
-                return fh.read(4096).decode().strip() or None
-        except (OSError, UnicodeDecodeError):
-            return None
+            yield d
         finally:
             os.close(d)
+
+    def read(self) -> str | None:
+        try:
+            with self._in_dir() as d:
+                fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
+                with os.fdopen(fd, "rb") as fh:
+                    st = os.fstat(fh.fileno())
+                    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                        return None
+                    return fh.read(4096).decode().strip() or None
+        except (OSError, UnicodeDecodeError):
+            return None
 
     def write(self, token: str) -> None:
         try:
@@ -166,12 +169,8 @@ class TokenCache:
     def forget(self, token: str) -> None:
         """Remove the cached token if it is still `token` (another process may have renewed it)."""
         if self.read() == token:
-            with contextlib.suppress(OSError):
-                d = self._dir()
-                try:
-                    os.unlink(self.name, dir_fd=d)
-                finally:
-                    os.close(d)
+            with contextlib.suppress(OSError), self._in_dir() as d:
+                os.unlink(self.name, dir_fd=d)
 
 
 class Gateway:

@@ -1,18 +1,15 @@
 """Store handles for one IPAM call: opened fresh in a plugin process, kept warm in the agent.
 
-A plugin process opens its store, uses it for one call and closes it. The node-local agent (cni.agent)
-serves many calls: for the cluster stores (Kubernetes, etcd) it keeps idle handles, so a call reuses
-an open TLS connection, a loaded kubeconfig and an etcd auth token instead of paying for them again.
-A handle is used by one call (one thread) at a time, as ipam.store.base requires; one that saw an
-error, or has been idle or alive too long (a rewritten kubeconfig, rotated certificates), is closed
-instead of kept. The local store is always opened per call: SQLite connections belong to a thread,
-and opening one costs little.
+The node-local agent (cni.agent) keeps idle handles of the cluster stores (Kubernetes, etcd), so a call
+reuses an open TLS connection, a loaded kubeconfig and an etcd auth token. A handle serves one call
+(one thread) at a time; one that saw an error, or has been idle or alive too long (a rewritten
+kubeconfig, rotated certificates), is closed instead of kept. The local store is opened per call
+(SQLite connections belong to a thread, and opening one costs little).
 
 Handles are kept per `lane`: the calls' own (""), and BATCH for the threads that run a pool's batches
-(ipam.batch). A call holds its handle until it is answered, so while many calls wait on a
-pool the calls' lane is empty: a batch taking its handle there would open a new one (a TLS handshake,
-on a node whose CPU the pods' start-up already takes) at the start of every batch, in front of every
-call it carries; its own lane keeps it warm."""
+(ipam.batch): while many calls wait on a pool, each holding its handle, the calls' lane is empty,
+and a batch taking its handle there would open a new one (a TLS handshake) in front of every call it
+carries."""
 
 from __future__ import annotations
 

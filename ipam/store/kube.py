@@ -5,16 +5,16 @@ without losing an allocation (and back).
 
 A pool is created with POST (409 AlreadyExists -> Conflict) and changed with a JSON Patch of the
 entries an update touches, guarded per entry against the snapshot the update was computed from (kept
-per version from `get_pool`, else read again): the store `merges` (ipam.store.base), so writers of
-different entries never conflict and everything else in the object (labels, foreign annotations,
-owner references) is never rewritten. A failed guard is 422 -> Conflict. Reservations are
-compare-and-swap on resourceVersion (PUT; DELETE with a precondition).
+per version from `get_pool`, else read again): the store `merges` (ipam.store.base), and everything
+else in the object (labels, foreign annotations, owner references) is never rewritten. A failed guard
+is 422 -> Conflict. Reservations are compare-and-swap on resourceVersion (PUT; DELETE with a
+precondition).
 
-Errors: no answer, a timeout, 401/403 (after one re-read of the token file), 429 and 5xx are
-StoreUnavailable (code 11); 429, 504 and an answer that does not come within the read timeout are
-StoreBusy (an overloaded server: retried for the whole deadline); 404 is "absent". Lists page
-with `limit`/`continue`. Every request is checked against ipam.rbac first (the role this process
-acts as), so an access that the manifests do not grant fails in tests, not in a cluster."""
+Errors: no answer, 401/403 (after one re-read of the token file), 410 and 5xx are StoreUnavailable
+(code 11); 429, 504 and an answer that does not come within the read timeout are StoreBusy (retried
+for the whole deadline); 404 is "absent". Lists page with `limit`/`continue`. Every request is checked
+against ipam.rbac first (the role this process acts as): an access the manifests do not grant fails
+in tests, not in a cluster."""
 
 from __future__ import annotations
 
@@ -89,14 +89,9 @@ class KubeStore(Store):
         except ApiError as e:
             if e.status == 404:
                 return None
-            if e.status == 409 or (verb == "patch" and e.status == 422 and e.message == PATCH_TEST_FAILED):
+            if verb == "patch" and e.status == 422 and e.message == PATCH_TEST_FAILED:
                 raise Conflict(f"kubernetes: {what}: {e.message or e.reason}") from None
-            if e.status in (429, 504):
-                raise StoreBusy(f"kubernetes: {what}: {e}") from None
-            if e.status in (401, 403, 410) or e.status >= 500:
-                raise StoreUnavailable(f"kubernetes: {what}: {e}") from None
-            code = Code.INVALID_CONFIG if "metadata.name" in e.message else Code.INTERNAL
-            raise CniError(f"kubernetes: {what} rejected: {e}", code=code) from None
+            raise api_failure(e, what, (401, 403, 410)) from None
 
     def _list(self, resource: str) -> Iterator[dict[str, Any]]:
         token = ""
@@ -152,13 +147,9 @@ class KubeStore(Store):
         """Pool `name` at `version` as this handle read or wrote it: commits from it are guarded against
         the object kept with it."""
         seen = self._seen.get((name, version))
-        if seen is None:
-            return None
-        pool, obj = seen
-        if pool is None:
-            pool = crd.pool_from_object(obj)
-            self._seen[(name, version)] = (pool, obj)
-        return pool
+        if seen is not None and seen[0] is None:
+            seen = self._seen[(name, version)] = (crd.pool_from_object(seen[1]), seen[1])
+        return None if seen is None else seen[0]
 
     def commit_pool(self, pool: Pool, update: PoolUpdate) -> str:
         if pool.version is None:
@@ -166,16 +157,12 @@ class KubeStore(Store):
             body = crd.pool_to_object(new, self.namespace)
             body["metadata"]["annotations"] = {**MARKER, **(body["metadata"].get("annotations") or {})}
             return self._written(pool.name, self._call("create", POOLS, pool.name, body))
-        seen = self._seen.get((pool.name, pool.version))
-        if seen is None:  # a snapshot another handle read: usable only while it is still current
-            current = self.get_pool(pool.name)
-            if current is None or current.version != pool.version:
+        base = self.written(pool.name, pool.version)
+        if base is None:  # a snapshot another handle read: usable only while it is still current
+            base = self.get_pool(pool.name)
+            if base is None or base.version != pool.version:
                 raise Conflict(f"kubernetes: pool {pool.name}: changed since version {pool.version}")
-            seen = self._seen[(pool.name, pool.version)]
-        base, obj = seen
-        if base is None:
-            base = crd.pool_from_object(obj)
-            self._seen[(pool.name, pool.version)] = (base, obj)
+        obj = self._seen[(pool.name, pool.version)][1]
         ops = patch_ops(base, (obj.get("metadata") or {}).get("annotations") or {}, update)
         if not ops:
             return str(pool.version)
@@ -188,10 +175,9 @@ class KubeStore(Store):
 
     def _written(self, name: str, obj: dict[str, Any] | None) -> str:
         """The version of the pool object a create or patch returned (kept as a snapshot)."""
-        version = self._keep(obj) if obj is not None else ""
-        if not version:
-            raise StoreUnavailable(f"kubernetes: pool {name}: the server returned no resourceVersion")
-        return str(version)
+        if obj is not None:
+            self._keep(obj)
+        return _version_of((obj or {}).get("metadata") or {}, f"pool {name}")
 
     def iter_pools(self) -> Iterator[Pool]:
         """Every pool, as listed; each is kept as a snapshot (`_keep`), so a commit computed from the pool
@@ -233,11 +219,7 @@ class KubeStore(Store):
             if obj is None:
                 raise Conflict(f"kubernetes: reservation {res.name}: deleted since version {res.version}")
         meta = (obj or {}).get("metadata") or {}
-        version = str(meta.get("resourceVersion") or "")
-        if not version:
-            raise StoreUnavailable(
-                f"kubernetes: reservation {res.name}: the server returned no resourceVersion"
-            )
+        version = _version_of(meta, f"reservation {res.name}")
         self._res_meta[res.name] = meta
         _Known.remember((*self._scope, res.name), Reservation(res.name, res.owner, version))
         return version
@@ -299,6 +281,26 @@ class _Known:
     def get(cls, key: tuple[str, str, str]) -> Reservation | None:
         with cls.lock:
             return cls.entries.get(key)
+
+
+def api_failure(e: ApiError, what: str, unavailable: tuple[int, ...] = (401, 403)) -> CniError:
+    """The error an API error status (not 404) stands for: 409 Conflict, 429 and 504 StoreBusy,
+    `unavailable` and 5xx StoreUnavailable, anything else a rejected request (code 7 for a bad name)."""
+    if e.status == 409:
+        return Conflict(f"kubernetes: {what}: {e.message or e.reason}")
+    if e.status in (429, 504):
+        return StoreBusy(f"kubernetes: {what}: {e}")
+    if e.status in unavailable or e.status >= 500:
+        return StoreUnavailable(f"kubernetes: {what}: {e}")
+    code = Code.INVALID_CONFIG if "metadata.name" in e.message else Code.INTERNAL
+    return CniError(f"kubernetes: {what} rejected: {e}", code=code)
+
+
+def _version_of(meta: dict[str, Any], what: str) -> str:
+    version = str(meta.get("resourceVersion") or "")
+    if not version:
+        raise StoreUnavailable(f"kubernetes: {what}: the server returned no resourceVersion")
+    return version
 
 
 def _pointer(*parts: str) -> str:

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from ipam.config import StoreConfig
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.store.base import Conflict, Store, StoreUnavailable
-from ipam.store.localview import LocalView, num_of
+from ipam.store.localview import OWNER, LocalView, num_of
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
@@ -34,7 +34,6 @@ SCHEMA_VERSION = 1
 BUSY_TIMEOUT = 10.0
 PAGE = 200
 MIN_FREE = 64 * 1024  # below this a failed write is reported as a full file system
-_OWNER = "container_id, podref, ifname, pod_uid, network, node"
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY CHECK (id = 1), value INTEGER NOT NULL);
 INSERT OR IGNORE INTO counter VALUES (1, 0);
@@ -50,7 +49,7 @@ CREATE INDEX IF NOT EXISTS allocations_pod ON allocations (pool, podref, ifname)
 CREATE TABLE IF NOT EXISTS hints (pool TEXT NOT NULL, lo TEXT NOT NULL, next TEXT NOT NULL,
     PRIMARY KEY (pool, lo)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS reservations (
-    name TEXT PRIMARY KEY, {_OWNER.replace(",", " TEXT NOT NULL,")} TEXT NOT NULL, version INTEGER NOT NULL);
+    name TEXT PRIMARY KEY, {OWNER.replace(",", " TEXT NOT NULL,")} TEXT NOT NULL, version INTEGER NOT NULL);
 PRAGMA user_version = {SCHEMA_VERSION};
 """
 
@@ -215,7 +214,7 @@ class LocalStore(Store):
                     (num, pool.name, num, num),
                 )
             conn.executemany(
-                f"INSERT OR REPLACE INTO allocations (pool, offset, num, {_OWNER}) "
+                f"INSERT OR REPLACE INTO allocations (pool, offset, num, {OWNER}) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [(pool.name, k, num_of(k), *a) for k, a in update.put.items()],
             )
@@ -258,7 +257,7 @@ class LocalStore(Store):
             self._check_reservation(conn, res)
             version = self._next_version(conn)
             conn.execute(
-                f"INSERT OR REPLACE INTO reservations (name, {_OWNER}, version) "
+                f"INSERT OR REPLACE INTO reservations (name, {OWNER}, version) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (res.name, *res.owner, version),
             )
@@ -328,14 +327,14 @@ def _read_pool(conn: sqlite3.Connection, name: str) -> Pool | None:
     row = conn.execute("SELECT range, version FROM pools WHERE name = ?", (name,)).fetchone()
     if row is None:
         return None
-    cur = conn.execute(f"SELECT offset, {_OWNER} FROM allocations WHERE pool = ?", (name,))
+    cur = conn.execute(f"SELECT offset, {OWNER} FROM allocations WHERE pool = ?", (name,))
     make = Allocation._make
     allocations = {r[0]: make(r[1:]) for r in cur}
     return Pool(name, row[0], allocations, str(row[1]))
 
 
 def _read_reservation(conn: sqlite3.Connection, name: str) -> Reservation | None:
-    row: Any = conn.execute(f"SELECT {_OWNER}, version FROM reservations WHERE name = ?", (name,)).fetchone()
+    row: Any = conn.execute(f"SELECT {OWNER}, version FROM reservations WHERE name = ?", (name,)).fetchone()
     if row is None:
         return None
     return Reservation(name, Allocation._make(row[:6]), str(row[6]))

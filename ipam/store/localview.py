@@ -39,41 +39,30 @@ def owned_sql(by_pod: bool) -> str:
 
 class LocalView:
     def __init__(self, conn: sqlite3.Connection, name: str, rng: str, version: str) -> None:
-        self.conn, self._name, self._range, self._version = conn, name, rng, version
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def range(self) -> str:
-        return self._range
-
-    @property
-    def version(self) -> str | None:
-        return self._version
+        self.conn, self.name, self.range = conn, name, rng
+        self.version: str | None = version
 
     def count(self) -> int:
         return int(
-            self.conn.execute("SELECT count(*) FROM allocations WHERE pool = ?", (self._name,)).fetchone()[0]
+            self.conn.execute("SELECT count(*) FROM allocations WHERE pool = ?", (self.name,)).fetchone()[0]
         )
 
     def owned(self, owner: Allocation, by_pod: bool = False) -> list[tuple[str, Allocation]]:
         value = owner.podref if by_pod else owner.container_id
-        rows = self.conn.execute(owned_sql(by_pod), (self._name, value, owner.ifname))
+        rows = self.conn.execute(owned_sql(by_pod), (self.name, value, owner.ifname))
         return sorted(((r[0], Allocation._make(r[1:])) for r in rows), key=lambda kv: (len(kv[0]), kv[0]))
 
     def lowest_free(self, segments: Sequence[Segment], blocked: Set[int]) -> int | None:
         for lo, hi in segments:
             row = self.conn.execute(
-                "SELECT next FROM hints WHERE pool = ? AND lo = ?", (self._name, pad(lo))
+                "SELECT next FROM hints WHERE pool = ? AND lo = ?", (self.name, pad(lo))
             ).fetchone()
             start = max(lo, int(row[0])) if row else lo
             free, untaken = self._scan(start, hi, blocked)
             if untaken != start or row is None:
                 self.conn.execute(
                     "INSERT OR REPLACE INTO hints (pool, lo, next) VALUES (?, ?, ?)",
-                    (self._name, pad(lo), pad(untaken)),
+                    (self.name, pad(lo), pad(untaken)),
                 )
             if free is not None:
                 return free
@@ -81,14 +70,14 @@ class LocalView:
 
     def holder(self, offset: int) -> Allocation | None:
         row = self.conn.execute(
-            f"SELECT {OWNER} FROM allocations WHERE pool = ? AND num = ?", (self._name, pad(offset))
+            f"SELECT {OWNER} FROM allocations WHERE pool = ? AND num = ?", (self.name, pad(offset))
         ).fetchone()
         return None if row is None else Allocation._make(row)
 
     def _scan(self, start: int, hi: int, blocked: Set[int]) -> tuple[int | None, int]:
         """(lowest free offset in [start, hi] not blocked, lowest offset >= start not allocated)."""
         expected, untaken = start, None
-        rows = self.conn.execute(SCAN_SQL, (self._name, pad(start), pad(hi)))
+        rows = self.conn.execute(SCAN_SQL, (self.name, pad(start), pad(hi)))
         for (num,) in rows:
             n = int(num)
             while expected < n:

@@ -10,24 +10,23 @@ status subresource: status is written with the object (POST, PUT). Writes are co
 resourceVersion (PUT carries the version read; 409 -> Conflict), and a PUT sends back the object as
 read with only the allocations changed, so the controller's owner references and anything else stay.
 
-Errors as in ipam.store.kube: no answer, 401/403, 429 and 5xx are StoreUnavailable (code 11), 404 is
-"absent", 409 Conflict; every request is checked against ipam.rbac first."""
+Errors as in ipam.store.kube (`api_failure`; 404 is "absent"); every request is checked against
+ipam.rbac first."""
 
 from __future__ import annotations
 
 import copy
 
-from cni.errors import CniError, Code
 from ipam import kubeapi, rbac
 from ipam.kubeapi import ApiError, Client, Unreachable
-from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
+from ipam.store.base import StoreUnavailable
+from ipam.store.crd import API_VERSION, GROUP
+from ipam.store.kube import api_failure
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     from typing import Any
 
-GROUP = "whereabouts.cni.cncf.io"
-API_VERSION = f"{GROUP}/v1alpha1"
 RESOURCE = "nodeslicepools"
 
 
@@ -88,14 +87,7 @@ class NodeSlicePools:
                 raise StoreUnavailable(
                     f"kubernetes: {what}: not served (is the NodeSlicePool CRD installed?)"
                 ) from None
-            if e.status == 409:
-                raise Conflict(f"kubernetes: {what}: {e.message or e.reason}") from None
-            if e.status in (429, 504):
-                raise StoreBusy(f"kubernetes: {what}: {e}") from None
-            if e.status in (401, 403) or e.status >= 500:
-                raise StoreUnavailable(f"kubernetes: {what}: {e}") from None
-            code = Code.INVALID_CONFIG if "metadata.name" in e.message else Code.INTERNAL
-            raise CniError(f"kubernetes: {what} rejected: {e}", code=code) from None
+            raise api_failure(e, what) from None
 
     def get(self, name: str) -> dict[str, Any] | None:
         return self._call("get", name)

@@ -13,7 +13,12 @@ from typing import Any
 from cni import jsonio, skel
 from cni.types.netconf import Request
 from cni.types.result import Result
+from ipam import decide
+from ipam.allocator import Decision, decision, segments_as_offsets
+from ipam.decide import SnapshotView
+from ipam.model import Allocation, Pool, PoolView
 from ipam.operation import DECIDED, WRITTEN, Op
+from ipam.ranges import IPRange
 
 FAKE = "fakeplug"
 
@@ -125,3 +130,11 @@ def written(op: Op) -> None:
     """A fake batch executor's "written": `op` decided, then written (ipam.operation.Op.to)."""
     op.to(DECIDED)
     op.to(WRITTEN)
+
+
+def decided(rng: IPRange, pool: Pool | PoolView, owner: Allocation, **add: Any) -> Decision:
+    """One ADD decided as the executor decides it (ipam.attempt: the core's ipam.decide.add, then
+    ipam.allocator.decision, which raises the CNI errors); `add`: the other fields of ipam.decide.Add."""
+    view = SnapshotView(pool) if isinstance(pool, Pool) else pool
+    outcome = decide.add(view, decide.Add(owner, **add), segments_as_offsets(rng))
+    return decision(rng, view, owner, outcome)

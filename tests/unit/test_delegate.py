@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
-from cni import delegate, jsonio
+from cni import delegate, jsonio, log
 from cni.errors import CniError, ConfigError, DecodeError
 from cni.registry import IN_PROCESS_IPAM
 from cni.types.netconf import Request
+from cni.types.result import Result, parse, to_wire
+from cni.types.valueclass import replace
 from tests.unit import models
 
 RESULT_020 = {
@@ -232,17 +234,22 @@ def test_etxtbsy_gives_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 # ---- in-process (our own IPAM inside the frozen bundle) -----------------------------------------
 
 
-def in_process_ipam(monkeypatch: pytest.MonkeyPatch, module: str, registered: str) -> list[Request]:
+def in_process_ipam(
+    monkeypatch: pytest.MonkeyPatch, module: str, registered: str, result: Result | None = None,
+    delete: bool = False,
+) -> list[Request]:  # fmt: skip
     """A stand-in IPAM module `module` registered for in-process use under `registered`: the requests
-    its `add` saw."""
+    its `add` (returning `result`, else models.ipam_only()) and, with `delete`, its `delete` saw."""
     calls: list[Request] = []
 
     def add(req: Request) -> Any:
         calls.append(req)
-        return models.ipam_only()
+        return result or models.ipam_only()
 
     mod = types.ModuleType(module)
     mod.add = add  # type: ignore[attr-defined]
+    if delete:
+        mod.delete = calls.append  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
     monkeypatch.setitem(IN_PROCESS_IPAM, registered, mod.__name__)
     return calls
@@ -256,7 +263,7 @@ def test_in_process_when_the_binary_is_this_bundle(tmp_path: Path, monkeypatch: 
         req = request((str(tmp_path),), ipam_type="ouripam", version="0.4.0")
         assert delegate.add(req) == models.ipam_only()
         assert [c.command for c in calls] == ["ADD"]
-        assert delegate.call(req, "DEL") == b""  # no delete function: success, as in skel
+        assert delegate.call(req, "DEL") is None  # no delete function: success, as in skel
     finally:
         delegate.CALLER_BUNDLE.reset(token)
 
@@ -288,3 +295,68 @@ def test_not_in_process_when_not_frozen(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(sys, "executable", str(binary))
     assert delegate.add(request((str(tmp_path),), ipam_type="ouripam")) == models.ipam_only()
     assert (tmp_path / "stdin.ADD").exists()  # it was executed
+
+
+@pytest.mark.parametrize("version", ["0.2.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+def test_an_in_process_result_is_handed_over_as_the_version_carries_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """The IPAM's Result object itself (1.1.0), or what a process printing it in the request's version
+    would have given (the fields and addresses the version lacks dropped), never printed and parsed."""
+    binary = script(tmp_path, "ouripam", "echo should-not-run; exit 1\n")
+    got = models.full()
+    in_process_ipam(monkeypatch, "tests.unit.fullipam", "ouripam", result=got)
+    monkeypatch.setattr(jsonio, "loads", None)  # nothing is parsed on the way
+    token = delegate.CALLER_BUNDLE.set(str(binary))
+    try:
+        handed = delegate.add(request((str(tmp_path),), ipam_type="ouripam", version=version))
+    finally:
+        delegate.CALLER_BUNDLE.reset(token)
+    monkeypatch.undo()
+    assert handed == parse(to_wire(got, version), version)
+    assert (handed is got) == (version == "1.1.0")
+
+
+def test_an_in_process_result_the_version_cannot_carry_is_undone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cniVersion 0.2.0 cannot carry a result without addresses: the ADD is undone (the IPAM's DEL) and
+    the error is the one printing it would raise, as when the IPAM runs as a process (cni.skel)."""
+    binary = script(tmp_path, "ouripam", "echo should-not-run; exit 1\n")
+    calls = in_process_ipam(monkeypatch, "tests.unit.noipam", "ouripam", result=models.l2(), delete=True)
+    token = delegate.CALLER_BUNDLE.set(str(binary))
+    try:
+        with pytest.raises(ConfigError, match="cannot express a result without IP addresses"):
+            delegate.add(request((str(tmp_path),), ipam_type="ouripam", version="0.2.0"))
+    finally:
+        delegate.CALLER_BUNDLE.reset(token)
+    assert [c.command for c in calls] == ["ADD", "DEL"]
+
+
+def test_the_in_process_ipams_log_settings_and_the_plugins_stay_apart(tmp_path: Path) -> None:
+    """whereabouts run in process with log_level/log_file in its ipam section: its lines go to its
+    file, at its level; the plugin's level and file are the same after it as before, and neither its
+    level nor its file applied to the IPAM (as when the IPAM is a process of its own)."""
+    binary = script(tmp_path, "whereabouts", "echo should-not-run; exit 1\n")
+    plugin_log, ipam_log = tmp_path / "macvlan.log", tmp_path / "whereabouts.log"
+    log.configure("debug", str(plugin_log), "macvlan")
+    before = log._STATE.get()
+    req = request((str(tmp_path),), ipam_type="whereabouts")
+    section = {"type": "whereabouts", "range": "198.51.100.0/24", "datastore": "local",
+               "local_db": str(tmp_path / "ipam.db"), "log_file": str(ipam_log), "log_level": "info"}
+    req = replace(req, conf={**req.conf, "ipam": section}, env={**req.env, "NODENAME": "node1"})
+    fds = len(os.listdir("/proc/self/fd"))
+    token = delegate.CALLER_BUNDLE.set(str(binary))
+    try:
+        assert [str(ip.address) for ip in delegate.add(req).ips] == ["198.51.100.1/24"]
+        section["log_level"] = "error"
+        delegate.delete(req)
+    finally:
+        delegate.CALLER_BUNDLE.reset(token)
+    assert log._STATE.get() is before  # the plugin's level, file and tag as they were
+    assert len(os.listdir("/proc/self/fd")) == fds  # the IPAM's log file closed after each call
+    log.debug("the plugin's own line")
+    ipam_lines = ipam_log.read_text().splitlines()
+    assert len(ipam_lines) == 1 and " whereabouts[" in ipam_lines[0] and "ADD c1 net1" in ipam_lines[0]
+    plugin_lines = plugin_log.read_text()
+    assert "the plugin's own line" in plugin_lines and "whereabouts" not in plugin_lines

@@ -10,7 +10,7 @@ import pytest
 
 from cni import jsonio
 from cni.errors import ConfigError
-from cni.types.result import Result, parse, to_wire
+from cni.types.result import Result, narrowed, parse, to_wire
 from cni.types.valueclass import replace
 from tests.unit import models
 
@@ -307,3 +307,18 @@ def test_parse_errors_name_the_field_and_value(raw: Any, path: str, value: str) 
     assert text.startswith(path + ":"), text
     assert value in text, text
     assert e.value.code == 7
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("model", [models.full, models.l2, models.ipam_only])
+def test_narrowed_is_what_printing_and_parsing_back_gives(version: str, model: Any) -> None:
+    """An in-process IPAM's Result narrowed to a version (cni.delegate) is what the Result printed in
+    that version and parsed back would be; where printing fails, narrowing fails alike."""
+    try:
+        expected = parse(to_wire(model(), version), version)
+    except ConfigError as e:
+        with pytest.raises(ConfigError) as err:
+            narrowed(model(), version)
+        assert (err.value.msg, err.value.details) == (e.msg, e.details)
+    else:
+        assert narrowed(model(), version) == expected

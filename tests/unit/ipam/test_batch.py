@@ -20,7 +20,7 @@ import pytest
 from cni import procs
 from cni.errors import CniError, Code, TryAgainError
 from ipam import batch, nodelock, operation
-from ipam.allocator import SnapshotView, allocate
+from ipam.allocator import SnapshotView
 from ipam.attempt import Memory
 from ipam.batch import Combiner
 from ipam.config import IpamConfig, from_dict
@@ -30,7 +30,7 @@ from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.operation import Op
 from ipam.ranges import IPRange
 from tests.memstore import Backend, MemoryStore
-from tests.unit.helpers import in_threads, until, written
+from tests.unit.helpers import decided, in_threads, until, written
 
 A = Allocation("ca", "ns/a", "net1", "", "n", "node1")
 B = Allocation("cb", "ns/b", "net1", "", "n", "node1")
@@ -45,13 +45,13 @@ def rng() -> IPRange:
 def test_batch_view_hides_removed_and_shows_decided_entries() -> None:
     view = Changes(SnapshotView(Pool("p", RANGE, {"1": A, "2": B})))
     r = rng()
-    first = allocate(r, view, C)
+    first = decided(r, view, C)
     assert first.offset == 3
     view.apply(first.update)
     view.apply(PoolUpdate(remove=frozenset({"1"})))
     assert view.owned(C) == [("3", C)] and view.owned(A) == []
     # a freed offset is not handed out again by the same write; the next free one is
-    assert allocate(r, view, Allocation("cd", "ns/d", "net1")).offset == 4
+    assert decided(r, view, Allocation("cd", "ns/d", "net1")).offset == 4
     assert view.update() == PoolUpdate(put={"3": C}, remove=frozenset({"1"}))
 
 

@@ -5,12 +5,12 @@ colliding on the next one), it keeps a reservation it already made, and conflict
 
 from __future__ import annotations
 
-from ipam import allocator
 from ipam.config import from_dict
 from ipam.engine import Engine
 from ipam.model import Allocation, Pool, Reservation
 from ipam.retry import Retry
 from tests.memstore import Backend, MemoryStore
+from tests.unit.helpers import decided
 
 OWNER = Allocation("c1", "ns/p", "net1", "u", "blue", "n")
 OTHER = Allocation("c2", "ns/q", "net1", "v", "blue", "n")
@@ -19,19 +19,18 @@ OTHER = Allocation("c2", "ns/q", "net1", "v", "blue", "n")
 def test_spread_picks_among_the_lowest_free_only() -> None:
     r = from_dict({"datastore": "local", "range": "198.51.100.0/24", "exclude": ["198.51.100.3"]}).ranges[0]
     pool = Pool("p", r.cidr, {"1": OTHER})
-    picks = {
-        allocator.allocate(r, pool, OWNER, {2}, spread=4, pick=lambda n, i=i: i % n).offset for i in range(8)
-    }
+    blocked = frozenset({2})
+    picks = {decided(r, pool, OWNER, blocked=blocked, spread=4, pick=i / 8).offset for i in range(8)}
     assert picks == {4, 5, 6, 7}  # 1 taken, 2 blocked, 3 excluded
-    assert allocator.allocate(r, pool, OWNER, {2}).offset == 4  # no contention: the lowest
+    assert decided(r, pool, OWNER, blocked=blocked).offset == 4  # no contention: the lowest
 
 
 def test_a_reservation_already_made_is_preferred_while_free() -> None:
     r = from_dict({"datastore": "local", "range": "198.51.100.0/24"}).ranges[0]
     pool = Pool("p", r.cidr, {})
-    assert allocator.allocate(r, pool, OWNER, prefer=[9], spread=8).offset == 9
+    assert decided(r, pool, OWNER, reserved=(9,), spread=8).offset == 9
     taken = Pool("p", r.cidr, {"9": OTHER})
-    assert allocator.allocate(r, taken, OWNER, prefer=[9]).offset == 1
+    assert decided(r, taken, OWNER, reserved=(9,)).offset == 1
 
 
 def test_racers_reservations_spread_the_next_pick() -> None:

@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 
 from cni.errors import Code, ConfigError, ExhaustedError
-from ipam import allocator
+from ipam import decide
+from ipam.allocator import segments_as_offsets
 from ipam.config import from_dict
 from ipam.model import Allocation, Pool
 from ipam.ranges import IPRange
+from tests.unit.helpers import decided
 
 OWNER = Allocation("c1", "ns/p1", "net1")
 
@@ -30,7 +32,7 @@ def all_addresses(r: IPRange, limit: int = 10_000) -> list[str]:
     pool, out = Pool("p", r.cidr), []
     for i in range(limit):
         try:
-            d = allocator.allocate(r, pool, Allocation(f"c{i}", "", "net1"))
+            d = decided(r, pool, Allocation(f"c{i}", "", "net1"))
         except ExhaustedError:
             return out
         pool = Pool("p", r.cidr, d.update.apply(pool.allocations))
@@ -115,19 +117,19 @@ def test_dual_stack_ranges_one_each() -> None:
 def test_lowest_free_fills_the_first_gap() -> None:
     r = rng(range="198.51.100.0/24")
     pool = fill(r, [1, 2, 3, 5, 6])
-    assert allocator.allocate(r, pool, OWNER).offset == 4
-    assert allocator.allocate(r, fill(r, range(1, 100)), OWNER).offset == 100
+    assert decided(r, pool, OWNER).offset == 4
+    assert decided(r, fill(r, range(1, 100)), OWNER).offset == 100
 
 
 def test_blocked_offsets_are_skipped() -> None:
     r = rng(range="198.51.100.0/24")
-    assert allocator.allocate(r, fill(r, [1]), OWNER, blocked=[2, 3]).offset == 4
+    assert decided(r, fill(r, [1]), OWNER, blocked=frozenset({2, 3})).offset == 4
 
 
 def test_same_owner_gets_the_same_address_without_a_write() -> None:
     r = rng(range="198.51.100.0/24")
     pool = Pool("p", r.cidr, {"7": OWNER, "1": Allocation("c9", "ns/p9", "net1")})
-    d = allocator.allocate(r, pool, OWNER._replace(pod_uid="u"))
+    d = decided(r, pool, OWNER._replace(pod_uid="u"))
     assert (d.offset, d.kind, bool(d.update)) == (7, "existing", False)
 
 
@@ -135,9 +137,9 @@ def test_same_pod_and_ifname_with_a_new_container_takes_over() -> None:
     r = rng(range="198.51.100.0/24")
     pool = Pool("p", r.cidr, {"7": OWNER})
     newer = OWNER._replace(container_id="c2")
-    d = allocator.allocate(r, pool, newer)
+    d = decided(r, pool, newer)
     assert (d.offset, d.kind, dict(d.update.put)) == (7, "takeover", {"7": newer})
-    other_if = allocator.allocate(r, pool, newer._replace(ifname="net2"))
+    other_if = decided(r, pool, newer._replace(ifname="net2"))
     assert other_if.kind == "new" and other_if.offset == 1
 
 
@@ -145,13 +147,13 @@ def test_no_takeover_without_a_pod_reference() -> None:
     r = rng(range="198.51.100.0/24")
     anon = Allocation("c1", "", "net1")
     pool = Pool("p", r.cidr, {"7": anon})
-    assert allocator.allocate(r, pool, anon._replace(container_id="c2")).kind == "new"
+    assert decided(r, pool, anon._replace(container_id="c2")).kind == "new"
 
 
 def test_exhausted_names_the_range() -> None:
     r = rng(range="198.51.100.0/30")
     with pytest.raises(ExhaustedError, match=r"no free address in range 198\.51\.100\.0/30") as e:
-        allocator.allocate(r, fill(r, [1, 2]), OWNER)
+        decided(r, fill(r, [1, 2]), OWNER)
     assert e.value.code == Code.POOL_EXHAUSTED and e.value.code >= 100
 
 
@@ -163,15 +165,16 @@ def test_bad_keys_are_skipped_not_fatal() -> None:
         r.cidr,
         {"1": other, "x": other._replace(container_id="b"), "01": other._replace(container_id="d")},
     )
-    assert allocator.allocate(r, pool, OWNER).offset == 2
+    assert decided(r, pool, OWNER).offset == 2
 
 
-def test_release_removes_only_the_attachment() -> None:
+def test_a_del_frees_only_the_attachment() -> None:
     r = rng(range="198.51.100.0/24")
     pool = Pool(
         "p", r.cidr, {"1": OWNER, "2": OWNER._replace(ifname="net2"), "3": OWNER._replace(container_id="z")}
     )
-    assert allocator.release(pool, OWNER).remove == frozenset({"1"})
+    done = decide.decide(decide.SnapshotView(pool), [decide.Del(OWNER)], segments_as_offsets(r))
+    assert done.outcomes == [decide.Freed((("1", OWNER),))] and done.update().remove == frozenset({"1"})
 
 
 class Probed(list[int]):
@@ -193,14 +196,14 @@ def test_nearly_full_and_huge_pools_are_fast() -> None:
     r4 = rng(range="198.18.0.0/16")
     taken = [o for o in range(1, 60_001) if o != 59_990]
     pool4 = fill(r4, taken)
-    assert allocator.allocate(r6, pool6, OWNER).offset == 100_001
-    assert allocator.allocate(r4, pool4, OWNER).offset == 59_990
+    assert decided(r6, pool6, OWNER).offset == 100_001
+    assert decided(r4, pool4, OWNER).offset == 59_990
     packed, holed = Probed(range(1, 100_001)), Probed(taken)
-    assert allocator.lowest_free(allocator.segments_as_offsets(r6), packed) == 100_001
-    assert allocator.lowest_free(allocator.segments_as_offsets(r4), holed) == 59_990
+    assert decide.lowest_free(segments_as_offsets(r6), packed) == 100_001
+    assert decide.lowest_free(segments_as_offsets(r4), holed) == 59_990
     assert packed.reads < 200 and holed.reads < 200  # binary searches: ~50 reads; a walk: 60,000 or more
-    assert allocator.lowest_free([(1, 2**64 - 1)], [1, 2, 2**63]) == 3
-    assert allocator.lowest_free([(5, 5), (2**100, 2**100 + 1)], [5, 2**100]) == 2**100 + 1
+    assert decide.lowest_free([(1, 2**64 - 1)], [1, 2, 2**63]) == 3
+    assert decide.lowest_free([(5, 5), (2**100, 2**100 + 1)], [5, 2**100]) == 2**100 + 1
 
 
 def test_address_math_is_128_bit() -> None:

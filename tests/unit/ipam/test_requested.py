@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 from cni.errors import AddressTakenError, CniError, Code
 from cni.types import args as cni_args
 from cni.types.netconf import Request
-from ipam import allocator, decide, requested
+from ipam import decide, requested
 from ipam.config import from_dict
 from ipam.engine import Engine, Retry
 from ipam.model import Allocation, Pool
 from tests.memstore import Backend, MemoryStore
+from tests.unit.helpers import decided
 from tests.unit.ipam.test_decide import owners, pools, segments  # the core's own strategies
 
 A = Allocation("ca", "ns/a", "net1", "uid-a", "netA", "node1")
@@ -144,7 +145,7 @@ def test_an_address_is_placed_exactly_when_the_range_could_hand_it_out(last: int
         assert rng.allocatable(int(ip)) and got == {0: last}
 
 
-# ---- the allocator's decision ----------------------------------------------------------------------
+# ---- the core's decision, as the executor acts on it -----------------------------------------
 
 RNG = from_dict({"datastore": "local", "range": "198.51.100.0/24"}).ranges[0]
 
@@ -154,33 +155,33 @@ def pool(**entries: Allocation) -> Pool:
 
 
 def test_a_free_requested_offset_is_taken_exactly() -> None:
-    d = allocator.allocate(RNG, pool(o1=B), A, want=9)
+    d = decided(RNG, pool(o1=B), A, want=9)
     assert (d.offset, d.kind, dict(d.update.put)) == (9, "new", {"9": A})
 
 
 def test_a_requested_offset_held_by_another_pod_is_code_109_naming_it() -> None:
     with pytest.raises(AddressTakenError) as err:
-        allocator.allocate(RNG, pool(o9=B), A, want=9)
+        decided(RNG, pool(o9=B), A, want=9)
     assert err.value.code == Code.ADDRESS_TAKEN == 109
     assert err.value.msg == "requested address 198.51.100.9 is held by pod ns/b (container cb net1)"
     assert err.value.details == "pool p; nothing allocated"
     with pytest.raises(AddressTakenError):
-        allocator.allocate(RNG, pool(), A, blocked=frozenset({9}), want=9)
+        decided(RNG, pool(), A, blocked=frozenset({9}), want=9)
 
 
 def test_the_same_attachment_keeps_it_and_the_same_pod_interface_takes_it_over() -> None:
-    d = allocator.allocate(RNG, pool(o9=A), A, want=9)
+    d = decided(RNG, pool(o9=A), A, want=9)
     assert (d.offset, d.kind) == (9, "existing") and not d.update
     again = A._replace(container_id="ca2")
-    d = allocator.allocate(RNG, pool(o9=A), again, want=9)
+    d = decided(RNG, pool(o9=A), again, want=9)
     assert (d.offset, d.kind, dict(d.update.put)) == (9, "takeover", {"9": again})
-    d = allocator.allocate(RNG, pool(o5=A), again, want=9)  # a request moves no other entry
+    d = decided(RNG, pool(o5=A), again, want=9)  # a request moves no other entry
     assert (d.offset, d.kind, dict(d.update.put)) == (9, "new", {"9": again})
 
 
 def test_the_same_attachment_holding_another_address_is_code_7() -> None:
     with pytest.raises(CniError) as err:
-        allocator.allocate(RNG, pool(o5=A), A, want=9)
+        decided(RNG, pool(o5=A), A, want=9)
     assert err.value.code == Code.INVALID_CONFIG and "already holds 198.51.100.5" in err.value.msg
 
 
