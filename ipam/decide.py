@@ -18,13 +18,12 @@ an executor (ipam.engine) wants at random, it draws and passes in as plain value
 
 Rules: the same attachment keeps its entry ("existing"); the same pod and interface with a new container
 id takes its entry over ("takeover"); else the lowest free offset of the range's segments that is not
-blocked ("new"), or with `spread` > 1 one of the `spread` lowest (picked by `pick`), or with `start` the
-lowest at or after that point of the range, wrapping around. An Add with `want` (a requested address,
-ipam.requested) takes exactly that offset: its own entry there ("existing"), its pod interface's entry
-there ("takeover"), else the offset if free and not blocked ("new"), else Taken. Offsets decided or
-freed earlier in the same batch are taken for the rest of it, as are the offsets other Adds of the batch
-reserved. `lean` (the Kubernetes store with overlapping ranges): entries are written without pycni's
-extras, which their reservations carry (ipam.model.Allocation.bare).
+blocked ("new"), or with `start` the lowest at or after that point of the range, wrapping around. An Add
+with `want` (a requested address, ipam.requested) takes exactly that offset: its own entry there
+("existing"), its pod interface's entry there ("takeover"), else the offset if free and not blocked
+("new"), else Taken. Offsets decided or freed earlier in the same batch are taken for the rest of it, as
+are the offsets other Adds of the batch reserved. `lean` (the Kubernetes store with overlapping ranges):
+entries are written without pycni's extras, which their reservations carry (ipam.model.Allocation.bare).
 
 A view is the PoolView protocol (ipam.model): `SnapshotView` over a loaded pool, or a store's own
 indexed answer (the local store). Within a segment [lo, hi] the taken offsets are sorted and distinct,
@@ -42,15 +41,13 @@ from ipam.model import Allocation, Pool, PoolUpdate, PoolView, Segment
 
 @valueclass
 class Add:
-    """An ADD in one range. `spread` with `pick` (0 <= pick < 1), and `start` (an offset: `scatter` of a
-    random point) come from the executor's random draws, or keep their defaults (the lowest free offset)."""
+    """An ADD in one range. `start` (an offset: `scatter` of a random point) comes from the executor's
+    random draw, or keeps its default (the lowest free offset)."""
 
     owner: Allocation
     reserved: tuple[int, ...] = ()  # offsets this call holds claims on: preferred while free
     blocked: frozenset[int] = frozenset()  # offsets held by others (refused claims)
     claims: bool = False  # overlapping ranges: an offset needs a cluster-wide claim
-    spread: int = 1
-    pick: float = 0.0
     start: int | None = None
     want: int | None = None  # a requested address (ipam.requested): exactly this offset, or Taken
 
@@ -330,7 +327,7 @@ def _held(view: PoolView, op: Add) -> Outcome | None:
 
 def _free(view: PoolView, op: Add, segments: Sequence[Segment], blocked: Set[int]) -> Outcome:
     """A free address for an attachment without one: one it reserved already, else the lowest free (after
-    `op.start`, or one of the lowest `op.spread`), else Full."""
+    `op.start`), else Full."""
     for want in op.reserved:
         free = want not in blocked and view.lowest_free([(want, want)], blocked) == want
         if free and inside(segments, want):
@@ -340,25 +337,9 @@ def _free(view: PoolView, op: Add, segments: Sequence[Segment], blocked: Set[int
         offset = view.lowest_free(after(segments, op.start - 1), blocked)
     if offset is None:
         offset = view.lowest_free(segments, blocked)
-    if offset is not None and op.spread > 1 and op.start is None:
-        found = candidates(view, segments, blocked, offset, op.spread)
-        offset = found[min(int(op.pick * len(found)), len(found) - 1)]
     if offset is None:
         return Full(view.count())
     return Took(offset, "new", _claim(op, offset))
-
-
-def candidates(
-    view: PoolView, segments: Sequence[Segment], blocked: Set[int], first: int, n: int
-) -> list[int]:
-    """Up to `n` lowest free offsets, `first` (the lowest) included."""
-    found = [first]
-    while len(found) < n:
-        nxt = view.lowest_free(after(segments, found[-1]), blocked)
-        if nxt is None:
-            break
-        found.append(nxt)
-    return found
 
 
 def _claim(op: Add, offset: int) -> bool:

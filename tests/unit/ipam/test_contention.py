@@ -16,19 +16,16 @@ OWNER = Allocation("c1", "ns/p", "net1", "u", "blue", "n")
 OTHER = Allocation("c2", "ns/q", "net1", "v", "blue", "n")
 
 
-def test_spread_picks_among_the_lowest_free_only() -> None:
+def test_the_lowest_free_skips_taken_blocked_and_excluded_addresses() -> None:
     r = from_dict({"datastore": "local", "range": "198.51.100.0/24", "exclude": ["198.51.100.3"]}).ranges[0]
     pool = Pool("p", r.cidr, {"1": OTHER})
-    blocked = frozenset({2})
-    picks = {decided(r, pool, OWNER, blocked=blocked, spread=4, pick=i / 8).offset for i in range(8)}
-    assert picks == {4, 5, 6, 7}  # 1 taken, 2 blocked, 3 excluded
-    assert decided(r, pool, OWNER, blocked=blocked).offset == 4  # no contention: the lowest
+    assert decided(r, pool, OWNER, blocked=frozenset({2})).offset == 4  # 1 taken, 2 blocked, 3 excluded
 
 
 def test_a_reservation_already_made_is_preferred_while_free() -> None:
     r = from_dict({"datastore": "local", "range": "198.51.100.0/24"}).ranges[0]
     pool = Pool("p", r.cidr, {})
-    assert decided(r, pool, OWNER, reserved=(9,), spread=8).offset == 9
+    assert decided(r, pool, OWNER, reserved=(9,), start=5).offset == 9
     taken = Pool("p", r.cidr, {"9": OTHER})
     assert decided(r, taken, OWNER, reserved=(9,)).offset == 1
 

@@ -171,8 +171,7 @@ def sequentially(segs: list[Segment], pool: Pool, batch: list[decide.Op]) -> lis
         alone = op
         if isinstance(op, Add):
             others = reserved.difference(op.reserved)
-            alone = Add(op.owner, op.reserved, op.blocked | freed | others, op.claims, op.spread, op.pick,
-                        op.start)  # fmt: skip
+            alone = Add(op.owner, op.reserved, op.blocked | freed | others, op.claims, op.start)
         decided = decide.decide(SnapshotView(pool), [alone], segs)
         (outcome,) = decided.outcomes
         out.append(outcome)
@@ -196,21 +195,19 @@ def test_a_batch_decides_as_its_ops_one_after_another(case: Case, reserved: list
     assert list(map(shape, together)) == list(map(shape, sequentially(segs, pool, batch)))
 
 
-@given(cases(), st.floats(0, 0.999), st.integers(2, 8))
-def test_spread_and_start_stay_within_the_free_offsets(case: Case, point: float, width: int) -> None:
+@given(cases(), st.floats(0, 0.999))
+def test_start_takes_the_lowest_free_offset_from_its_point_wrapping_around(case: Case, point: float) -> None:
     segs, pool, _ = case
     view = SnapshotView(pool)
     newcomer = owner("c9", "ns/p9", "net1")
     lowest = decide.add(view, Add(newcomer), segs)
-    spread = decide.add(view, Add(newcomer, spread=width, pick=point), segs)
     start = decide.scatter(segs, point)
     scattered = decide.add(view, Add(newcomer, start=start), segs)
     if isinstance(lowest, Full):
-        assert isinstance(spread, Full) and isinstance(scattered, Full)
+        assert isinstance(scattered, Full)
         return
-    assert isinstance(spread, Took) and isinstance(scattered, Took)
+    assert isinstance(scattered, Took)
     free = sorted({o for lo, hi in segs for o in range(lo, hi + 1)} - {int(k) for k in pool.allocations})
-    assert spread.offset in free[:width]
     assert scattered.offset == min([o for o in free if o >= start] or free)  # wrapping around
 
 
