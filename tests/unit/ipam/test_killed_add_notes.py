@@ -76,7 +76,7 @@ def _engine(tmp: Path) -> tuple[Engine, FlakyStore, Path]:
                       "kubernetes": {"kubeconfig": "/nonexistent"},
                       "local_db": str(tmp / "state" / "whereabouts.db")})  # fmt: skip
     store = FlakyStore(Backend())
-    e = Engine(store, conf, Retry(outage=0.0, sleep=lambda s: None))
+    e = Engine(store, conf, Retry(outage=0.0, sleep=lambda s: None, rand=lambda: 0.0))  # lost: the next
     return e, store, Path(nodelock.path_for(e.lock_dir, e.identity, "node1", POOL))
 
 
