@@ -28,6 +28,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -191,6 +192,21 @@ class KubeServer:
         _write_private(path, json.dumps(doc, indent=1))
         return path
 
+    def await_allowed(self, namespace: str, sa: str, resource: str, group: str,
+                      timeout: float = 60.0) -> None:
+        """Until the server's authorizer lets ServiceAccount `sa` get `resource` in `namespace` (a
+        SubjectAccessReview): RBAC objects just created take effect once its cache has seen them."""
+        groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
+        spec = {"user": f"system:serviceaccount:{namespace}:{sa}", "groups": groups,
+                "resourceAttributes": {"namespace": namespace, "verb": "get", "group": group,
+                                       "resource": resource}}
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
+        deadline = time.monotonic() + timeout
+        while not self.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", review)["status"].get(
+                "allowed"):
+            assert time.monotonic() < deadline, f"{sa} in {namespace} may not get {resource} in {timeout} s"
+            time.sleep(0.05)
+
     def create_all(self, yaml_text: str) -> None:
         """Create every object of a multi-document YAML (namespaced or cluster-scoped RBAC kinds) as
         admin, validated strictly by the server (unknown and duplicate fields refused). One request
@@ -271,6 +287,9 @@ class Tenant:
         self.admin_kubeconfig = server.kubeconfig(
             where / "admin.kubeconfig", self.namespace, token=server.admin_token
         )
+        for sa in (NODE_SA, RECONCILER_SA):  # a Role and a ClusterRole each: both bindings in effect
+            server.await_allowed(self.namespace, sa, "ippools", "whereabouts.cni.cncf.io")
+            server.await_allowed(self.namespace, sa, "pods", "")
 
     @property
     def node(self) -> Path:
