@@ -54,7 +54,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 #   test takes (the version only changes which Python branch formats the result or refuses the command);
 #   each version's own path through the frozen entries stays in EVERY_VERSION (macvlan's round trip per
 #   version) and in the host-device and sriov per-version tests, which are not listed here.
-IN_PROCESS = ("tests/integration/test_ifconfig_announce.py", "tests/integration/test_vf_netlink.py")
+IN_PROCESS = ("tests/integration/test_ifconfig_announce.py", "tests/integration/test_vf_netlink.py",
+              "tests/integration/test_rail_apply.py")
 # - the cluster suite: it always installs the image of the frozen bundle, so it runs once, in the source
 #   pass (make test's frozen passes do not even collect it; this is for a frozen `pytest tests`)
 SOURCE_PASS_ONLY = ("tests/cluster/",)
