@@ -84,9 +84,10 @@ e2e: deps venv driver
 # from ../shared, pycni's image installed on it with kubectl apply -k; it runs only here, once), then the
 # integration and e2e suites against the frozen entries,
 # once in-process (no agent) and once through the frozen node-local agent (PYCNI_TEST_AGENT=1). The frozen
-# passes leave to the first what runs no frozen entry or only repeats a scenario at an older cniVersion
+# passes leave to the first what runs no frozen entry or only repeats a scenario at an older cniVersion,
+# the agent pass to the frozen one the tests none of whose calls can reach the session's agent
 # (tests/conftest.py frozen_selection; they print how many).
-# The passes run as seven pytest sessions, PYCNI_TEST_JOBS (default 3) at a time (tests/passes.py).
+# The passes run as eight pytest sessions, PYCNI_TEST_JOBS (default 3) at a time (tests/passes.py).
 test: deps venv driver lint bundle
 	$(PY) -m tests.passes $(CURDIR)/dist/cni-bin
 

@@ -54,7 +54,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 #   test takes (the version only changes which Python branch formats the result or refuses the command);
 #   each version's own path through the frozen entries stays in EVERY_VERSION (macvlan's round trip per
 #   version) and in the host-device and sriov per-version tests, which are not listed here.
-IN_PROCESS = ("tests/integration/test_ifconfig_announce.py", "tests/integration/test_vf_netlink.py")
+IN_PROCESS = ("tests/integration/test_ifconfig_announce.py", "tests/integration/test_vf_netlink.py",
+              "tests/integration/test_rail_apply.py")
 # - the cluster suite: it always installs the image of the frozen bundle, so it runs once, in the source
 #   pass (make test's frozen passes do not even collect it; this is for a frozen `pytest tests`)
 SOURCE_PASS_ONLY = ("tests/cluster/",)
@@ -66,7 +67,29 @@ NEWEST_VERSION_ONLY = (
     "tests/e2e/test_announce.py",
 )
 EVERY_VERSION = ("tests/integration/macvlan/test_roundtrip.py",)
+# - tests that run no frozen entry whatever PYCNI_PLUGIN_DIR says: Debian's Go chain alone, or pycni
+#   from source through wrappers (tests/ipamutil.py write_wrappers) under libcni
+NO_FROZEN_ENTRY = (
+    "tests/e2e/test_rail_reference.py::test_reference_chain_and_rail_agree[go-macvlan+tuning+sbr-",
+    "tests/e2e/test_whereabouts.py::test_under_macvlan_through_libcni[",
+)
+# The agent pass (PYCNI_TEST_AGENT=1) runs what goes through the session's agent. It leaves to the frozen
+# pass, which runs them exactly as it would, the tests none of whose plugin calls can reach that agent:
+NO_SESSION_AGENT = (
+    # the bundle itself: VERSION calls in a bare environment, PYCNI_AGENT=off, an agent of its own
+    "tests/e2e/test_frozen_bundle.py",
+    # each test runs its own agent on its own FIFO (the frozen pycni-agent in both frozen passes)
+    "tests/integration/test_agent.py",
+    "tests/integration/test_agent_metrics.py",
+    # tests/devlab.py calls with PYCNI_AGENT=off: the lab's sysfs root is a process setting the
+    # session's agent does not have (tests/e2e/test_multus.py runs host-device through an agent)
+    "tests/integration/test_hostdevice.py",
+    "tests/integration/test_sriov.py",
+    "tests/integration/test_device_channels.py",
+    "tests/integration/test_rail_devices.py",
+)
 _LEFT_TO_THE_SOURCE_PASS: list[int] = []
+_LEFT_TO_THE_FROZEN_PASS: list[int] = []
 
 
 def frozen_selection(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -91,7 +114,8 @@ def frozen_selection(config: pytest.Config, items: list[pytest.Item]) -> None:
             newest[m[0]] = m[1]
 
     def kept(item: pytest.Item) -> bool:
-        if item.nodeid.split("::")[0] in IN_PROCESS or item.nodeid.startswith(SOURCE_PASS_ONLY):
+        if item.nodeid.split("::")[0] in IN_PROCESS or item.nodeid.startswith((*SOURCE_PASS_ONLY,
+                                                                                 *NO_FROZEN_ENTRY)):
             return False
         m = matrix(item)
         return m is None or newest[m[0]] == m[1]
@@ -101,6 +125,12 @@ def frozen_selection(config: pytest.Config, items: list[pytest.Item]) -> None:
         config.hook.pytest_deselected(items=left)
         items[:] = [i for i in items if kept(i)]
         _LEFT_TO_THE_SOURCE_PASS.append(len(left))
+    if agentutil.agent_up():
+        no_agent = [i for i in items if i.nodeid.split("::")[0] in NO_SESSION_AGENT]
+        if no_agent:
+            config.hook.pytest_deselected(items=no_agent)
+            items[:] = [i for i in items if i.nodeid.split("::")[0] not in NO_SESSION_AGENT]
+            _LEFT_TO_THE_FROZEN_PASS.append(len(no_agent))
 
 
 RBAC_CODE_CHECK = "test_the_code_sends_exactly_what_rbac_declares_and_the_manifests_grant"
@@ -214,6 +244,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             f"frozen pass: {_LEFT_TO_THE_SOURCE_PASS[0]} tests left to the source pass (deselected: they run"
             " no frozen entry, or repeat a scenario at an older cniVersion; tests/conftest.py)"
+        )
+    if _LEFT_TO_THE_FROZEN_PASS:
+        terminalreporter.write_line(
+            f"agent pass: {_LEFT_TO_THE_FROZEN_PASS[0]} tests left to the frozen pass (deselected: none of"
+            " their plugin calls can reach the session's agent; tests/conftest.py NO_SESSION_AGENT)"
         )
     if _SERVED:
         terminalreporter.write_line(f"pycni agent: served {len(_SERVED)} requests")

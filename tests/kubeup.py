@@ -28,6 +28,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -54,6 +55,8 @@ RBAC_YAML = REPO / "bundler" / "manifests" / "rbac.yaml"
 ABSENT_REASON = f"{UPSTREAM} is absent (the real kube-apiserver and upstream binaries live there)"
 NODE_SA, RECONCILER_SA = "pycni-node", "pycni-reconciler"
 SHIPPED_NAMESPACE = "pycni-system"
+PLURALS = {"Role": "roles", "RoleBinding": "rolebindings", "ClusterRole": "clusterroles",
+           "ClusterRoleBinding": "clusterrolebindings"}  # the kinds rbac.yaml ships (KubeServer.create_all)
 _counter = itertools.count()
 
 
@@ -143,8 +146,9 @@ class KubeServer:
             return text
         return json.loads(text) if text else {}
 
-    def create(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self.request("POST", path, obj)
+    def create(self, path: str, obj: dict[str, Any], strict: bool = False) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("POST", path, obj,
+                                              query={"fieldValidation": "Strict"} if strict else None)
         return result
 
     def namespace(self, prefix: str = "t") -> str:
@@ -188,11 +192,33 @@ class KubeServer:
         _write_private(path, json.dumps(doc, indent=1))
         return path
 
-    def apply(self, yaml_text: str) -> None:
-        subprocess.run(
-            ["kubectl", "--kubeconfig", str(self.admin_kubeconfig), "apply", "-f", "-"],
-            input=yaml_text, capture_output=True, text=True, check=True,
-        )
+    def await_allowed(self, namespace: str, sa: str, resource: str, group: str,
+                      timeout: float = 60.0) -> None:
+        """Until the server's authorizer lets ServiceAccount `sa` get `resource` in `namespace` (a
+        SubjectAccessReview): RBAC objects just created take effect once its cache has seen them."""
+        groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
+        spec = {"user": f"system:serviceaccount:{namespace}:{sa}", "groups": groups,
+                "resourceAttributes": {"namespace": namespace, "verb": "get", "group": group,
+                                       "resource": resource}}
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
+        deadline = time.monotonic() + timeout
+        while not self.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", review)["status"].get(
+                "allowed"):
+            assert time.monotonic() < deadline, f"{sa} in {namespace} may not get {resource} in {timeout} s"
+            time.sleep(0.05)
+
+    def create_all(self, yaml_text: str) -> None:
+        """Create every object of a multi-document YAML (namespaced or cluster-scoped RBAC kinds) as
+        admin, validated strictly by the server (unknown and duplicate fields refused). One request
+        each: `kubectl apply` cost a process, discovery and an OpenAPI fetch per Tenant."""
+        import yaml
+
+        for doc in yaml.safe_load_all(yaml_text):
+            if not doc:
+                continue
+            ns = doc["metadata"].get("namespace")
+            where = f"/namespaces/{ns}" if ns else ""
+            self.create(f"/apis/{doc['apiVersion']}{where}/{PLURALS[doc['kind']]}", doc, strict=True)
 
     # ---- figures ------------------------------------------------------------------------------
 
@@ -249,7 +275,7 @@ class Tenant:
         self.server = server
         self.namespace = server.namespace(prefix)
         where.mkdir(parents=True, exist_ok=True)
-        server.apply(shipped_rbac(self.namespace))
+        server.create_all(shipped_rbac(self.namespace))
         self.kubeconfigs: dict[str, Path] = {}
         for sa in (NODE_SA, RECONCILER_SA):
             server.service_account(self.namespace, sa)
@@ -261,6 +287,9 @@ class Tenant:
         self.admin_kubeconfig = server.kubeconfig(
             where / "admin.kubeconfig", self.namespace, token=server.admin_token
         )
+        for sa in (NODE_SA, RECONCILER_SA):  # a Role and a ClusterRole each: both bindings in effect
+            server.await_allowed(self.namespace, sa, "ippools", "whereabouts.cni.cncf.io")
+            server.await_allowed(self.namespace, sa, "pods", "")
 
     @property
     def node(self) -> Path:
