@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 #   each version's own path through the frozen entries stays in EVERY_VERSION (macvlan's round trip per
 #   version) and in the host-device and sriov per-version tests, which are not listed here.
 IN_PROCESS = ("tests/integration/test_ifconfig_announce.py", "tests/integration/test_vf_netlink.py",
-              "tests/integration/test_rail_apply.py")
+              "tests/integration/test_rail_apply.py", "tests/integration/test_sigterm_teardown.py")
 # - the cluster suite: it always installs the image of the frozen bundle, so it runs once, in the source
 #   pass (make test's frozen passes do not even collect it; this is for a frozen `pytest tests`)
 SOURCE_PASS_ONLY = ("tests/cluster/",)
@@ -138,9 +139,17 @@ RBAC_CODE_CHECK = "test_the_code_sends_exactly_what_rbac_declares_and_the_manife
 
 def pytest_configure(config: pytest.Config) -> None:
     """Every request the code sends through the Kubernetes client is recorded per test for test_rbac.py
-    (tests/kubeapi/record.py; its own child run, PYCNI_KUBEAPI_RECORD, records into a file instead)."""
+    (tests/kubeapi/record.py; its own child run, PYCNI_KUBEAPI_RECORD, records into a file instead).
+    SIGTERM (a CI timeout, `kill`, `timeout`) interrupts the run as Ctrl-C does: pytest then tears down
+    the fixtures set up (namespaces, links, servers) instead of dying with them in place."""
     if not os.environ.get(record.RECORD_ENV):
         record.SESSION.install()
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 @pytest.hookimpl(wrapper=True)

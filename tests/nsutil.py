@@ -67,12 +67,16 @@ class Topology:
     namespaces: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.host = self.netns("h")
         self.uplink = f"{self.tag}up"
         self.peer = f"{self.tag}pe"
-        sh("ip", "-n", self.host, "link", "add", self.uplink, "type", "veth", "peer", "name", self.peer)
-        for dev in (self.uplink, self.peer, "lo"):
-            sh("ip", "-n", self.host, "link", "set", dev, "up")
+        try:
+            self.host = self.netns("h")
+            sh("ip", "-n", self.host, "link", "add", self.uplink, "type", "veth", "peer", "name", self.peer)
+            for dev in (self.uplink, self.peer, "lo"):
+                sh("ip", "-n", self.host, "link", "set", dev, "up")
+        except BaseException:  # nobody holds the topology yet: what it made goes here
+            self.close()
+            raise
 
     def netns(self, role: str) -> str:
         name = f"{self.tag}{role}"

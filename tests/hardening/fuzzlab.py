@@ -51,6 +51,14 @@ class FuzzLab:
     target: Target | None = None  # a tests/concurrency/stores.py target: its ipam keys and store
 
     def __post_init__(self) -> None:
+        self.host_fd = -1
+        try:
+            self._build()
+        except BaseException:  # nobody holds the lab yet: its namespaces and links go here
+            self.close()
+            raise
+
+    def _build(self) -> None:
         self.lab = Lab(self.topo, self.tmp)
         self.pod = self.topo.pod()
         self.host_fd = os.open(f"/run/netns/{self.topo.host}", os.O_RDONLY | os.O_CLOEXEC)
@@ -72,7 +80,9 @@ class FuzzLab:
         self.calls = 0
 
     def close(self) -> None:
-        os.close(self.host_fd)
+        if self.host_fd >= 0:
+            os.close(self.host_fd)
+            self.host_fd = -1
         self.topo.close()
 
     # ---- configurations and environments -----------------------------------------------------------
