@@ -942,8 +942,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--single", type=int, default=20, help="uncontended ADDs per implementation (0: none)")
     ap.add_argument("--source", action="store_true", help="pycni from source, not dist/cni-bin")
     ap.add_argument("--bundle", action="append", default=[], metavar="LABEL=DIR",
-                    help="also pycni standalone from another frozen bundle dir (another build), as "
-                         "impl pycni:LABEL in every run (compare builds in one run)")
+                    help="also pycni from another frozen bundle dir (another build), as impl "
+                         "pycni:LABEL in every run (compare builds in one run): standalone, or through "
+                         "per-node agents of that build when LABEL ends with +agent")
     ap.add_argument("--json", type=Path, default=REPO / "dist" / "bench" / "ipam-scale.json")
     args = ap.parse_args(argv)
     if args.scenario == "313":
@@ -978,7 +979,7 @@ def main(argv: list[str] | None = None) -> int:
     if bundle is not None and not (bundle / "whereabouts").exists():
         print(f"missing {bundle}/whereabouts: run `make bundle` (or pass --source)", file=sys.stderr)
         return 2
-    if "pycni+agent" in impls and os.geteuid() != 0:
+    if any(label.endswith("+agent") for label in impls) and os.geteuid() != 0:
         print("pycni+agent needs root (the agent serves root only)", file=sys.stderr)
         return 2
     before_paths = {p for p in DEFAULT_PATHS if os.path.lexists(p)}
@@ -997,7 +998,7 @@ def main(argv: list[str] | None = None) -> int:
                 for n, label in enumerate(impls):
                     where = scratch / f"run{run}" / label
                     impl: Impl = Upstream() if label == "upstream" else Pycni(
-                        others.get(label, bundle), args.nodes if label == "pycni+agent" else 0, where,
+                        others.get(label, bundle), args.nodes if label.endswith("+agent") else 0, where,
                         label=label)
                     try:
                         tag = f" (run {run + 1} of {args.repeat})" if args.repeat > 1 else ""
