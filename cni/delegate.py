@@ -217,27 +217,14 @@ def call(req: Request, command: str) -> Result | None:
 
 
 def _in_process(module: str, req: Request) -> Result | None:
-    """The IPAM `module`'s function for req.command (none: success, as in skel). Its log settings are
-    its own (log.own_settings): those of its config end with it, the plugin's do not apply to it. An
-    ADD whose result the request's version cannot carry is undone before failing (as skel does)."""
+    """The IPAM `module`'s function for req.command, as skel runs a plugin's (cni.skel.outcome): an ADD
+    whose result the request's version cannot carry is undone before failing. Its log settings are its
+    own (log.own_settings): those of its config end with it, the plugin's do not apply to it."""
     import importlib
 
-    from cni.skel import FUNCTIONS
+    from cni.skel import outcome
 
-    plugin = importlib.import_module(module)
-    fn = getattr(plugin, FUNCTIONS[req.command], None) if req.command in FUNCTIONS else None
-    if fn is None:
-        return None
-    got = fn(req)
-    if req.command != "ADD":
-        return None
-    try:
-        return narrowed(got, req.version)
-    except CniError:
-        from cni.skel import rollback
-
-        rollback(plugin, req)
-        raise
+    return outcome(importlib.import_module(module), req, narrowed)
 
 
 def _parsed(out: bytes, version: str, kind: str) -> Result:

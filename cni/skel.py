@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from cni import faults, log, spec
 from cni.errors import CniError, Code, ConfigError, DecodeError, EnvError
@@ -148,25 +148,36 @@ def error_text(err: CniError, version: str) -> bytes:
 
 def dispatch(module: Any, req: Request) -> bytes:
     """Call the plugin function for req.command; return what goes to stdout."""
-    fn = getattr(module, FUNCTIONS[req.command], None)
-    if fn is None:
-        return b""  # not implemented means success, as in the reference skel
-    result = fn(req)
-    if req.command != "ADD":
-        return b""
-    from cni import jsonio
     from cni.types.result import to_wire
 
-    try:
-        wire = to_wire(result, req.version)
-    except CniError:
-        rollback(module, req)
-        raise
+    wire = outcome(module, req, to_wire)
+    if wire is None:
+        return b""
+    from cni import jsonio
+
     return jsonio.dumps(wire) + b"\n"
 
 
-def rollback(module: Any, req: Request) -> None:
-    """The result cannot be printed in the requested version: undo the ADD before failing."""
+def outcome[T](module: Any, req: Request, form: Callable[[Any, str], T]) -> T | None:
+    """Call the plugin function for req.command (not implemented means success, as in the reference
+    skel); on ADD its result in the request's version through `form` (the wire form to print, or the
+    Result an in-process caller takes: cni.delegate), the ADD undone when that version cannot carry
+    it."""
+    fn = getattr(module, FUNCTIONS[req.command], None)
+    if fn is None:
+        return None
+    result = fn(req)
+    if req.command != "ADD":
+        return None
+    try:
+        return form(result, req.version)
+    except CniError:
+        _rollback(module, req)
+        raise
+
+
+def _rollback(module: Any, req: Request) -> None:
+    """The result cannot be given in the requested version: undo the ADD before failing."""
 
     try:
         module.delete(replace(req, command="DEL"))
