@@ -215,7 +215,7 @@ class Attempt:
           server's cache holds that write); not after a failed write (`reread`), nor without a floor (a
           plugin process).
         - `stored`: the pool as stored.
-        Each op keeps the reservations it made whatever the source (all of lowest free addresses)."""
+        Each op keeps the reservations it made whatever the source."""
         before = [op.claims.lost for op in pending]  # (every op pending: step)
         tried = False
         for source in SOURCES:

@@ -164,10 +164,9 @@ def held(path: str, patience: float = PATIENCE, limit: float = LIMIT) -> Iterato
             log.warning("node lock %s: held by pid %d, which is stopped: running without it", path, frozen)
             yield None
             return
-        data = os.pread(fd, 8 + NOTES_MAX, 0)  # the counter and the notes of a holder that died
-        count = (int.from_bytes(data[:8].ljust(8, b"\0"), "little") + 1) % 2**63
+        count = (_counter(fd) + 1) % 2**63
         os.pwrite(fd, count.to_bytes(8, "little"), 0)
-        lock = Held(fd, path, count, _notes(data[8:]))
+        lock = Held(fd, path, count, _notes(os.pread(fd, NOTES_MAX, 8)))  # a dead holder's notes
         try:
             yield lock
         finally:
