@@ -9,7 +9,9 @@ racing ones, with no timer: a batch starts as soon as the previous one is writte
 attempts each batch (ipam.attempt) with a store handle of its own and the pool's memory
 (ipam.attempt.Memory); a DEL's reservations are released in the batch, after its write. Each caller
 returns once its ops are written (a DEL: and released) or failed, never before: an answered ADD's pool
-entry exists."""
+entry exists. Unless its config opts in (`answer_before_write`): its ops are answered once decided (an
+ADD's address reserved), the batch writes them after; one that fails after its answer is logged as an
+error (its reservation stays: the address is held, not handed out twice)."""
 
 from __future__ import annotations
 
@@ -90,11 +92,16 @@ class Combiner:
             self._execute_fn = execute
             if not self._running:
                 self._start()
-            while not all(op.done for op in ops):
+            while not all(op.done or op.answered for op in ops):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._give_up(ops, wait)
                 cv.wait(left)
+
+    def wake(self) -> None:
+        """The callers looked at their ops again (some were answered before their write)."""
+        with self._cv:
+            self._cv.notify_all()
 
     def _start(self) -> None:
         """A batch thread (under the condition's lock, no thread running)."""
@@ -155,6 +162,7 @@ class Combiner:
                     op.to(FAILED, e)
         finally:  # each op runs in one batch: count its races lost once, when it is over
             metrics.conflict("reservation", sum(op.claims.lost for op in held))
+            _failed_after_answer(held)
 
     def _end(self, held: list[Op], error: BaseException, restart: bool) -> None:
         """The batch thread is ending on `error`: the ops it held fail with it (code 11 unless it is a
@@ -166,6 +174,7 @@ class Combiner:
                 for op in held:
                     if not op.done:
                         op.to(FAILED, cause)
+                _failed_after_answer(held)
             finally:
                 self._running = False
                 if restart and self._queue:
@@ -182,6 +191,16 @@ class Combiner:
                     return False
                 self._cv.wait(left)
         return True
+
+
+def _failed_after_answer(held: list[Op]) -> None:
+    """An op answered before its write (answer_before_write) that then failed: its caller is gone, so
+    the log says it (an ADD: the address its pod uses has no pool entry; its reservation holds it)."""
+    for op in held:
+        if op.answered and op.state == FAILED:
+            what = op.rng.address(op.offsets[0]) if op.kind == "add" and op.offsets else op.rng.cidr
+            log.error("%s %s %s: answered before its pool write, which then failed: %s", op.kind.upper(),
+                      op.owner.container_id, what, op.error)  # fmt: skip
 
 
 def enter_home() -> None:
@@ -263,7 +282,7 @@ def _executor(engine: Shared, name: str, comb: Combiner) -> Callable[[list[Op]],
             comb.memory = Memory(kept=True)
         with reopen() if reopen is not None else store_for(conf.store, BATCH) as store:
             e = engine.on(store)
-            Attempt(e, name, group, comb.memory, releases=True).run()
+            Attempt(e, name, group, comb.memory, releases=True, answer=comb.wake).run()
             _release_freed(e, group)
 
     return execute

@@ -8,7 +8,8 @@ reservation after. A crash between the two steps leaves at worst a reservation w
 (ipam.reservations: Reservations.sweep), and GC and the reconciler free it once the owner is gone.
 
 A call is answered once its pool write is done, in a plugin process (ipam.exec_plain) and in the agent
-(ipam.batch: the calls of one pool that arrive while a write is in flight share the next one)."""
+(ipam.batch: the calls of one pool that arrive while a write is in flight share the next one); the agent
+answers before the write only where a config opts in (`answer_before_write`)."""
 
 from __future__ import annotations
 
@@ -135,7 +136,7 @@ class Engine:
         return done
 
     def _add_range(self, rng: IPRange, owner: Allocation, want: int | None = None) -> int:
-        op = Op("add", rng, owner, self.conf.overlapping, want=want)
+        op = Op("add", rng, owner, self.conf.overlapping, self.conf.answer_before_write, want=want)
         keep = ""
         try:
             self._run([op])
@@ -159,7 +160,7 @@ class Engine:
 
     def _delete_range(self, rng: IPRange, owner: Allocation) -> bool:
         """Release one range; False when the pool held nothing of this attachment."""
-        op = Op("del", rng, owner, self.conf.overlapping)
+        op = Op("del", rng, owner, self.conf.overlapping, self.conf.answer_before_write)
         self._run([op])
         if not batch.sharing():  # the agent's batch released them after its write (ipam.batch)
             self.release(op)

@@ -72,7 +72,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -87,6 +87,7 @@ BUNDLE = REPO / "dist" / "cni-bin"
 SHARED_RANGE = "198.18.0.0/20"
 FULL_BASE = "198.18.16.0"  # --full-pool: the smallest network from here that holds the attachments
 SETTLE = 60.0  # seconds the check after DEL waits for the objects to settle (nothing left, or a leak)
+EARLY = "pycni+agent+early"  # the agent with answer_before_write
 SINGLE_RANGE = "198.18.32.0/24"  # the uncontended ADDs: outside the workload ranges
 SLICES_RANGE, SLICE_SIZE = "198.18.64.0/18", "/23"  # mode slices: 32 slices of 510 addresses
 SLICES_NETWORK = "bench-slices"  # every network's network_name: one NodeSlicePool
@@ -204,6 +205,7 @@ class Impl:
     """One IPAM implementation: how to run a call, its config, and the namespace it works in."""
 
     label = ""
+    early = False  # answers before the pool write: a phase lasts until the stored objects agree
     tenant: kubeup.Tenant
 
     def setup(self, tenant: kubeup.Tenant, scratch: Path) -> None:
@@ -606,13 +608,17 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
     marks = agent_marks(impl)
     before = measure(server, impl)
     adds, wall = run_phase(impl, wl, "ADD", list(pods.values()))
+
+    def check_adds() -> list[str]:
+        if wl.mode == "slices":
+            return (check_after_add(tenant, adds, pods, network_name=SLICES_NETWORK)
+                    + check_slices(tenant, wl, adds, pods))  # fmt: skip
+        return check_after_add(tenant, adds, pods)
+
+    wall += settled(impl, check_adds)
     after = measure(server, impl)
     served = impl.served()
-    if wl.mode == "slices":
-        problems = check_after_add(tenant, adds, pods, network_name=SLICES_NETWORK)
-        problems += check_slices(tenant, wl, adds, pods)
-    else:
-        problems = check_after_add(tenant, adds, pods)
+    problems = check_adds()
     out.append(report(impl, wl, "ADD", adds, wall, wl.attachments, before, after, problems,
                       served["ADD"] - before_served["ADD"] if served else None))
     out[-1].agent_ms = agent_times(impl, "ADD", marks)
@@ -622,6 +628,7 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
     marks = agent_marks(impl)
     before = measure(server, impl)
     dels, wall = run_phase(impl, wl, "DEL", [pods[i] for i in sorted(started)], started)
+    wall += settled(impl, lambda: check_after_del(tenant))
     after = measure(server, impl)
     served2 = impl.served()
     problems = check_after_del(tenant)
@@ -633,6 +640,18 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
     out[-1].left = left
     out[-1].agent_ms = agent_times(impl, "DEL", marks)
     return out
+
+
+def settled(impl: Impl, check: Callable[[], list[str]], limit: float = 60.0) -> float:
+    """An implementation that answers before its writes (`early`): the seconds after the phase's last
+    answer until the stored objects agree with the answers (`check` finds nothing), at most `limit`;
+    0 for the others (their answers follow their writes)."""
+    if not impl.early:
+        return 0.0
+    start = time.monotonic()
+    while check() and time.monotonic() - start < limit:
+        time.sleep(0.05)
+    return time.monotonic() - start
 
 
 def agent_marks(impl: Impl) -> dict[tuple[str, str], int]:
@@ -700,8 +719,9 @@ class Pycni(Impl):
 
     def __init__(self, bundle: Path | None, agents: int = 0, scratch: Path | None = None,
                  agent_args: tuple[str, ...] = (), agent_timeout: float | None = None,
-                 label: str = "") -> None:  # fmt: skip
+                 label: str = "", early: bool = False) -> None:  # fmt: skip
         self.bundle = bundle
+        self.early = early  # answer_before_write in its configs
         self.agent_timeout = agent_timeout  # the shims' PYCNI_AGENT_TIMEOUT (None: the default)
         self.label = label or ("pycni+agent" if agents else "pycni")
         self.agents: dict[str, agentutil.Agent] = {}
@@ -746,7 +766,7 @@ class Pycni(Impl):
 
     def ipam(self, rng: str) -> dict[str, Any]:
         return {"type": "whereabouts", "range": rng, "configuration_path": str(self.flat),
-                "local_db": str(self.local_db)}
+                "local_db": str(self.local_db), **({"answer_before_write": True} if self.early else {})}
 
     def helper_pids(self) -> list[int]:
         return [agent.pid for agent in self.agents.values()]
@@ -920,6 +940,10 @@ def run_modes(
     return reports
 
 
+def _agents(label: str) -> bool:
+    return label.endswith(("+agent", EARLY))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pods", type=int, default=64)
@@ -930,8 +954,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="both: shared and per-network; all: shared, per-network and slices")
     ap.add_argument("--slices-by", choices=("controller", "plugin"), default="controller",
                     help="mode slices: who assigns the slices (plugin: pycni only, no controller)")
-    ap.add_argument("--impl", action="append", choices=("upstream", "pycni", "pycni+agent"),
-                    help="default: all three")
+    ap.add_argument("--impl", action="append", choices=("upstream", "pycni", "pycni+agent", EARLY),
+                    help=f"default: the first three; {EARLY}: the agent with answer_before_write (its "
+                         "phases last until the stored objects agree with the answers)")
     ap.add_argument("--scenario", choices=("313", "full1000"),
                     help="313: 128 pods x 16 networks, 240 s per phase; full1000: 1,000 pods x 1 network "
                          "on 16 nodes, 8 at once each, mode shared on a full pool (Spiderpool's benchmark)")
@@ -979,7 +1004,7 @@ def main(argv: list[str] | None = None) -> int:
     if bundle is not None and not (bundle / "whereabouts").exists():
         print(f"missing {bundle}/whereabouts: run `make bundle` (or pass --source)", file=sys.stderr)
         return 2
-    if any(label.endswith("+agent") for label in impls) and os.geteuid() != 0:
+    if any(_agents(label) for label in impls) and os.geteuid() != 0:
         print("pycni+agent needs root (the agent serves root only)", file=sys.stderr)
         return 2
     before_paths = {p for p in DEFAULT_PATHS if os.path.lexists(p)}
@@ -998,8 +1023,8 @@ def main(argv: list[str] | None = None) -> int:
                 for n, label in enumerate(impls):
                     where = scratch / f"run{run}" / label
                     impl: Impl = Upstream() if label == "upstream" else Pycni(
-                        others.get(label, bundle), args.nodes if label.endswith("+agent") else 0, where,
-                        label=label)
+                        others.get(label, bundle), args.nodes if _agents(label) else 0, where,
+                        label=label, early=label == EARLY)
                     try:
                         tag = f" (run {run + 1} of {args.repeat})" if args.repeat > 1 else ""
                         done = run_modes(impl, args, modes, budget, server, where, f"{run:x}{n:x}", tag,
