@@ -84,6 +84,16 @@ class ApiFailure(Exception):
         self.status, self.body = status, body
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
 class KubeServer:
     def __init__(self, state: Path) -> None:
         self.dir = state
@@ -134,6 +144,8 @@ class KubeServer:
             conn.request(method, path + ("?" + urlencode(query) if query else ""), data, headers)
             resp = conn.getresponse()
             text = resp.read().decode()
+        except (OSError, http.client.HTTPException) as e:  # ssl.SSLError is an OSError
+            raise RuntimeError(f"{method} {path}: {e!r}; {self.liveness()}") from e
         finally:
             conn.close()
         if resp.status >= 400:
@@ -145,6 +157,16 @@ class KubeServer:
         if raw:
             return text
         return json.loads(text) if text else {}
+
+    def liveness(self) -> str:
+        """What a failed connection says about the server (a TLS error from a port nobody listens on is
+        the client's own connection to itself): its processes alive or not, the end of its log."""
+        alive = {name: _alive(pid) for name, pid in (("kube-apiserver", self.pid), ("etcd", self.etcd_pid))}
+        try:
+            tail = (self.dir / "kube-apiserver.log").read_text(errors="replace").splitlines()[-5:]
+        except OSError as e:
+            tail = [f"(no log: {e})"]
+        return f"alive: {alive}; the apiserver's log ends:\n" + "\n".join(tail)
 
     def create(self, path: str, obj: dict[str, Any], strict: bool = False) -> dict[str, Any]:
         result: dict[str, Any] = self.request("POST", path, obj,

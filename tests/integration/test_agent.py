@@ -126,6 +126,17 @@ def slow_ipam(tmp_path: Path) -> tuple[str, Path]:
     return str(bindir), marks
 
 
+def kill_sleeper(pid: str) -> None:
+    """SIGKILL a slowipam that still sleeps: a pid whose process has exited may already be another's (a
+    parallel session's API server: pids wrap at 32768 here)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return  # gone
+    if argv[:1] == [b"sleep"]:
+        os.kill(int(pid), signal.SIGKILL)
+
+
 def wait_for(path: Path, timeout: float = 30.0) -> list[str]:
     deadline = time.monotonic() + timeout
     while not (path.exists() and path.read_text().strip()):
@@ -148,7 +159,7 @@ def test_agent_killed_mid_request_gives_code_11_and_runs_nothing_twice(
         agent.signal(signal.SIGKILL)
         add = pending.result(timeout=60)
         for pid in pids:
-            os.kill(int(pid), signal.SIGKILL)
+            kill_sleeper(pid)
     assert add.rc == 1 and add.out["code"] == 11 and add.out["cniVersion"] == "1.0.0", add
     assert marks.read_text().split() == pids and len(pids) == 1  # not executed a second time
     # the agent is gone, its FIFO stays (nobody reads it): the DEL runs in-process and cleans up
@@ -177,7 +188,7 @@ def test_stopped_agent_finishes_the_request_in_flight_then_calls_run_in_process(
         assert not agent.fifo.exists()  # stopping: new calls go in-process at once
         during = run(topo, agent, "ADD", cfg, pods[1], 1, tmp_path)
         assert during.ok, during
-        os.kill(int(pids[0]), signal.SIGKILL)  # the in-flight request ends (its IPAM failed)...
+        kill_sleeper(pids[0])  # the in-flight request ends (its IPAM failed)...
         first = pending.result(timeout=60)
     assert first.rc == 1 and first.out["code"] != 11, first  # ...and its answer still reached the shim
     assert agent.proc is not None and agent.proc.wait(60) == 0
