@@ -37,7 +37,6 @@ from ipam.store.base import Conflict, StoreUnavailable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # (typing costs every call: annotations only)
-    from collections.abc import Callable
     from contextlib import AbstractContextManager
     from typing import Protocol
 
@@ -123,12 +122,10 @@ class Attempt:
     pool as stored (a cached read may not hold what that write met)."""
 
     def __init__(
-        self, engine: Access, name: str, ops: list[Op], memory: Memory, releases: bool = False,
-        answer: Callable[[], None] | None = None,
-    ) -> None:  # fmt: skip
+        self, engine: Access, name: str, ops: list[Op], memory: Memory, releases: bool = False
+    ) -> None:
         self.e, self.name, self.ops, self.memory = engine, name, ops, memory
         self.releases = releases  # DELs release their reservations in the batch, and are written only then
-        self.answer = answer  # lets the callers of `answered` ops go (the agent's batch); None: never early
         self.reread = False
         self.lock: nodelock.Held | None = None  # the node lock of the attempt under way (its notes)
 
@@ -160,7 +157,6 @@ class Attempt:
         lost = sum(op.claims.lost for op in pending)
         view, got, cached = self.decide_batch(pending[0].rng, lock, pending, hot)
         decided = got.decided
-        self._answer_early(decided)
         if sum(op.claims.lost for op in pending) > lost:
             memory.heat(HOT_SECONDS)  # races lost to other nodes: the next calls here spread at once
         version = self._write(view, got.changes, cached, decided)
@@ -173,20 +169,6 @@ class Attempt:
             if op.kind == "add":
                 log.debug("%s %s: %s (%s)", op.owner.container_id, op.owner.ifname,
                           op.rng.address(op.offsets[0]), self.name)  # fmt: skip
-
-    def _answer_early(self, decided: list[Op]) -> None:
-        """The `early` ops just decided let go before the write (answer_before_write): an ADD's address is
-        reserved by now (overlapping ranges, which the option needs) and stays its answer: decided
-        again after a lost write, it gets exactly that address or fails (ipam.batch logs it)."""
-        early = [op for op in decided if op.early and op.overlapping and not op.answered]
-        if self.answer is None:
-            return
-        for op in early:
-            if op.kind == "add":
-                op.want = op.offsets[0]
-            op.answered = True
-        if early:
-            self.answer()
 
     def _write(self, view: PoolView, changes: Changes, cached: bool, decided: list[Op]) -> str | None:
         """The batch's one write (none when it changes nothing); the pool's version after it."""

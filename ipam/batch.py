@@ -9,9 +9,14 @@ racing ones, with no timer: a batch starts as soon as the previous one is writte
 attempts each batch (ipam.attempt) with a store handle of its own and the pool's memory
 (ipam.attempt.Memory); a DEL's reservations are released in the batch, after its write. Each caller
 returns once its ops are written (a DEL: and released) or failed, never before: an answered ADD's pool
-entry exists. Unless its config opts in (`answer_before_write`): its ops are answered once decided (an
-ADD's address reserved), the batch writes them after; one that fails after its answer is logged as an
-error (its reservation stays: the address is held, not handed out twice)."""
+entry exists.
+
+Unless its config opts in (`answer_before_write`, `answer_early`): the caller's thread decides its ops on
+the pool as the last batch wrote it plus the ops answered and not yet written (`unwritten`), one caller
+of the pool at a time; an ADD claims its reservation, and the call returns. Its op, pinned to its
+address, goes to the queue, and a batch writes it with the others. Deciding does not wait for the write
+in flight, so a batch holds what arrived during the previous one. An op that fails after its answer is
+logged as an error; its reservation stays (the address is held, never handed out twice)."""
 
 from __future__ import annotations
 
@@ -21,8 +26,13 @@ from collections.abc import Callable, Hashable, Sequence
 
 from cni import faults, log, metrics
 from cni.errors import CniError, TryAgainError
-from ipam.attempt import Attempt, Memory
+from ipam import decide
+from ipam.allocator import SnapshotView
+from ipam.attempt import HOT_SECONDS, Attempt, Memory, undecide
+from ipam.decide import Changes
 from ipam.operation import DECIDED, FAILED, WRITTEN, Op
+from ipam.ranges import same_network
+from ipam.store.base import Conflict, StoreUnavailable
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
@@ -74,6 +84,8 @@ class Combiner:
         self._running = False  # a batch thread is on (it ends when the queue is empty)
         self._execute_fn: Callable[[list[Op]], None] | None = None
         self.memory: Any = None  # what the pool's batches remember between them (ipam.attempt.Memory)
+        self.deciding = threading.Lock()  # answer_early: one caller of the pool decides at a time
+        self.unwritten: list[Op] = []  # answered early, not yet written or failed (under `deciding`)
 
     def pending(self) -> int:
         """Operations queued and not yet taken into a batch."""
@@ -92,16 +104,19 @@ class Combiner:
             self._execute_fn = execute
             if not self._running:
                 self._start()
-            while not all(op.done or op.answered for op in ops):
+            while not all(op.done for op in ops):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._give_up(ops, wait)
                 cv.wait(left)
 
-    def wake(self) -> None:
-        """The callers looked at their ops again (some were answered before their write)."""
+    def hand_over(self, ops: Sequence[Op], execute: Callable[[list[Op]], None]) -> None:
+        """Queue ops already answered (answer_early) for a batch to write, without waiting."""
         with self._cv:
-            self._cv.notify_all()
+            self._queue.extend(ops)
+            self._execute_fn = execute
+            if not self._running:
+                self._start()
 
     def _start(self) -> None:
         """A batch thread (under the condition's lock, no thread running)."""
@@ -144,6 +159,7 @@ class Combiner:
                 faults.point("batch-take")
                 if execute is not None:
                     self._execute(held, execute)
+                self._prune()
                 faults.point("batch-done")
                 held = []
                 with cv:
@@ -176,10 +192,16 @@ class Combiner:
                         op.to(FAILED, cause)
                 _failed_after_answer(held)
             finally:
+                self._prune()
                 self._running = False
                 if restart and self._queue:
                     self._start()
                 self._cv.notify_all()
+
+    def _prune(self) -> None:
+        """The ops answered early that are done leave `unwritten`."""
+        with self.deciding:
+            self.unwritten = [op for op in self.unwritten if not op.done]
 
     def settle(self, timeout: float) -> bool:
         """Wait until no batch runs and none is queued (the agent stopping); False on timeout."""
@@ -267,7 +289,62 @@ def run(engine: Shared, ops: list[Op]) -> None:
     A call waits for a batch under way and its own, each bounded by the retry limit."""
     name = engine.pool_name(ops[0].rng)
     comb = combiner((engine.identity, name))
-    comb.run(ops, _executor(engine, name, comb), 2 * engine.retry.limit)
+    execute = _executor(engine, name, comb)
+    if all(op.early and op.overlapping for op in ops) and answer_early(engine, name, comb, ops, execute):
+        return
+    comb.run(ops, execute, 2 * engine.retry.limit)
+
+
+def answer_early(
+    engine: Shared, name: str, comb: Combiner, ops: list[Op], execute: Callable[[list[Op]], None]
+) -> bool:
+    """answer_before_write (module docstring): decide `ops` in the caller's thread on the pool as the
+    last batch wrote it (else as read) plus the ops answered and not yet written, an ADD with its
+    reservation claimed; answered ones go to the queue pinned to their address. True when the call is
+    done (answered, or failed with an op's own error); False: through a batch as usual (a DEL that found
+    nothing, where the stored pool decides; the store did not answer)."""
+    rng = ops[0].rng
+    with comb.deciding:
+        if not isinstance(comb.memory, Memory):  # the pool's, kept with its combiner
+            comb.memory = Memory(kept=True)
+        memory, lost = comb.memory, sum(op.claims.lost for op in ops)
+        last = memory.last
+        try:
+            kept = last is not None and same_network(last.range, rng)
+            view = SnapshotView(last) if last is not None and kept else engine.view(rng)
+            changes = Changes(view)
+            for op in comb.unwritten:
+                _replay(engine, changes, op)
+            got = Attempt(engine, name, ops, memory).decide_all(view, ops, memory.hot(), changes=changes)
+        except (StoreUnavailable, Conflict):
+            undecide(ops, failed=True)
+            return False
+        finally:
+            if sum(op.claims.lost for op in ops) > lost:  # races lost to other nodes: scatter at once
+                memory.heat(HOT_SECONDS)
+        if any(op.kind == "del" and not op.freed for op in got.decided):
+            undecide(ops)
+            return False
+        if any(op.state == FAILED for op in ops):
+            return True
+        for op in ops:
+            if op.kind == "add":
+                op.want = op.offsets[0]  # decided again after a lost write, it gets exactly this or fails
+            op.answered = True
+        comb.unwritten += ops
+    comb.hand_over(ops, execute)
+    return True
+
+
+def _replay(engine: Shared, changes: Changes, op: Op) -> None:
+    """An op answered and not yet written, on `changes` as its write will make it (its pinned address;
+    nothing when the view already holds it)."""
+    if op.kind == "del":
+        decide.one(changes, decide.Del(op.owner), ())
+        return
+    outcome = decide.add(changes, decide.Add(op.owner, want=op.offsets[0]), [(op.offsets[0], op.offsets[0])])
+    if isinstance(outcome, decide.Took):
+        decide.apply(changes, outcome, op.owner, engine.lean_for(op))
 
 
 def _executor(engine: Shared, name: str, comb: Combiner) -> Callable[[list[Op]], None]:
@@ -282,7 +359,7 @@ def _executor(engine: Shared, name: str, comb: Combiner) -> Callable[[list[Op]],
             comb.memory = Memory(kept=True)
         with reopen() if reopen is not None else store_for(conf.store, BATCH) as store:
             e = engine.on(store)
-            Attempt(e, name, group, comb.memory, releases=True, answer=comb.wake).run()
+            Attempt(e, name, group, comb.memory, releases=True).run()
             _release_freed(e, group)
 
     return execute

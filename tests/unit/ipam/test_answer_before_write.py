@@ -46,48 +46,73 @@ def test_an_add_and_a_del_are_answered_before_their_pool_write_which_follows(
     s = Early(tmp_path)
     got: list[Any] = []
     t = _start(lambda: s.engine().add(owner(1))[0][1], got)
-    t.join(30)  # returns with the write still held at the gate
-    assert not t.is_alive() and s.arrived.is_set() and POOL not in s.backend.pools
-    offset = got[0]
-    assert offset == 1  # the answered address, reserved
+    t.join(30)  # returns with its write not made (the gate is closed)
+    assert not t.is_alive() and got == [1] and POOL not in s.backend.pools
+    # the answered address is reserved, and the write follows
     assert {r.name: r.owner.container_id for r in s.backend.reservations.values()} == {"198.51.100.1": "c1"}
+    assert s.arrived.wait(30) and POOL not in s.backend.pools
     s.gate.set()
     assert batch.settle_all(30)
-    assert s.backend.pools[POOL].allocations[str(offset)].container_id == "c1"
+    assert s.backend.pools[POOL].allocations["1"].container_id == "c1"
 
     s.gate.clear()
     s.arrived.clear()
     done: list[Any] = []
     t = _start(lambda: s.engine().delete(owner(1)), done)
     t.join(30)
-    assert not t.is_alive() and s.arrived.is_set()
-    assert s.backend.pools[POOL].allocations[str(offset)].container_id == "c1"  # not written yet
+    assert not t.is_alive() and done == [None]
+    assert s.arrived.wait(30)
+    assert s.backend.pools[POOL].allocations["1"].container_id == "c1"  # not written yet
     s.gate.set()
     assert batch.settle_all(30)
     assert s.backend.pools[POOL].allocations == {} and s.backend.reservations == {}
 
 
-def test_calls_queued_behind_a_held_write_are_answered_and_share_the_next_write(
+class Counted(Early):
+    """Counts reservation requests (POSTs and the refused ones)."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp)
+        self.posts: list[str] = []
+
+    def store(self) -> Any:
+        st = super().store()
+        put = st.put_reservation
+
+        def counted(res: Any) -> str:
+            self.posts.append(res.name)
+            return put(res)
+
+        st.put_reservation = counted  # type: ignore[method-assign]
+        return st
+
+
+def test_calls_during_a_held_write_are_answered_without_waiting_for_it_and_share_the_next_write(
     agent: None, tmp_path: Path
 ) -> None:
-    s = Early(tmp_path)
+    """The first call's write is held at the gate; the calls after it are decided on the pool plus the
+    answered ops not yet written: each gets its own address at its first claim (no race lost to the
+    first), returns before any write is made, and the n of them share the next write."""
+    s = Counted(tmp_path)
     first: list[Any] = []
     _start(lambda: s.engine().add(owner(0))[0][1], first).join(30)
-    assert first and s.arrived.is_set()
-    comb = batch.combiner((s.engine().identity, POOL))
+    assert first == [1] and s.arrived.wait(30)  # its write is at the gate
     n = 4
     rest: list[Any] = []
-    threads = [_start(lambda i=i: s.engine().add(owner(i))[0][1], rest) for i in range(1, n + 1)]  # type: ignore[misc]
-    assert until(lambda: comb.pending() == n)  # queued behind the held write: not decided, not answered
-    assert rest == []
+    for i in range(1, n + 1):
+        _start(lambda i=i: s.engine().add(owner(i))[0][1], rest).join(30)  # type: ignore[misc]
+    assert sorted(rest) == [2, 3, 4, 5] and s.writes == []  # answered, nothing written yet
+    assert s.posts == [f"198.51.100.{i}" for i in range(1, n + 2)]  # one claim each, none refused
+    # a DEL of an answered ADD not yet written: answered too, written after it
+    gone: list[Any] = []
+    _start(lambda: s.engine().delete(owner(n)), gone).join(30)
+    assert gone == [None]
     s.gate.set()
-    for t in threads:
-        t.join(30)
-        assert not t.is_alive()
     assert batch.settle_all(30)
-    assert [len(w.put) for w in s.writes] == [1, n]
+    assert [len(w.put) for w in s.writes] == [1, n - 1]  # the next write: the ADDs but the deleted one
     pool = s.backend.pools[POOL].allocations
-    assert {pool[str(o)].container_id for o in first + rest} == {f"c{i}" for i in range(n + 1)}
+    assert {k: a.container_id for k, a in pool.items()} == {str(i + 1): f"c{i}" for i in range(n)}
+    assert sorted(r.owner.container_id for r in s.backend.reservations.values()) == [f"c{i}" for i in range(n)]
 
 
 def test_a_write_lost_after_the_answer_keeps_the_answered_address(agent: None, tmp_path: Path) -> None:
