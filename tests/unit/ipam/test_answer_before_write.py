@@ -17,7 +17,6 @@ from cni.errors import ConfigError
 from ipam import batch
 from ipam.config import from_dict
 from ipam.engine import Engine
-from tests.unit.helpers import until
 from tests.unit.ipam.test_agent_batches import POOL, RANGE, Setup, _foreign, _start, owner
 
 
@@ -112,7 +111,8 @@ def test_calls_during_a_held_write_are_answered_without_waiting_for_it_and_share
     assert [len(w.put) for w in s.writes] == [1, n - 1]  # the next write: the ADDs but the deleted one
     pool = s.backend.pools[POOL].allocations
     assert {k: a.container_id for k, a in pool.items()} == {str(i + 1): f"c{i}" for i in range(n)}
-    assert sorted(r.owner.container_id for r in s.backend.reservations.values()) == [f"c{i}" for i in range(n)]
+    reserved = sorted(r.owner.container_id for r in s.backend.reservations.values())
+    assert reserved == [f"c{i}" for i in range(n)]
 
 
 def test_a_write_lost_after_the_answer_keeps_the_answered_address(agent: None, tmp_path: Path) -> None:
