@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from ipam import batch
 from ipam.config import from_dict
@@ -59,14 +57,6 @@ class Setup:
 
     def engine(self) -> Engine:
         return Engine(self.store(), self.conf, reopen=lambda: contextlib.nullcontext(self.store()))
-
-
-@pytest.fixture
-def agent() -> Iterator[None]:
-    batch.share(True)
-    yield
-    assert batch.settle_all(30)
-    batch.share(False)
 
 
 def owner(i: int) -> Allocation:

@@ -7,7 +7,6 @@ threads run."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +28,6 @@ class Early(Setup):
 def _conf(tmp: Path) -> dict[str, Any]:
     return {"range": RANGE, "datastore": "kubernetes", "local_db": str(tmp / "ipam.db"),
             "kubernetes": {"kubeconfig": "/nonexistent"}}  # fmt: skip
-
-
-@pytest.fixture
-def agent() -> Iterator[None]:
-    batch.share(True)
-    yield
-    assert batch.settle_all(30)
-    batch.share(False)
 
 
 def test_an_add_and_a_del_are_answered_before_their_pool_write_which_follows(
