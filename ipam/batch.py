@@ -37,7 +37,7 @@ from ipam.store.base import Conflict, StoreUnavailable
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     import contextlib
-    from typing import Any, Protocol
+    from typing import Protocol
 
     from ipam.attempt import Access
     from ipam.config import IpamConfig
@@ -83,9 +83,15 @@ class Combiner:
         self._queue: list[Op] = []
         self._running = False  # a batch thread is on (it ends when the queue is empty)
         self._execute_fn: Callable[[list[Op]], None] | None = None
-        self.memory: Any = None  # what the pool's batches remember between them (ipam.attempt.Memory)
+        self.memory: Memory | None = None  # what the pool's batches remember between them (kept())
         self.deciding = threading.Lock()  # answer_early: one caller of the pool decides at a time
         self.unwritten: list[Op] = []  # answered early, not yet written or failed (under `deciding`)
+
+    def kept(self) -> Memory:
+        """What the pool's batches (and answer_early) remember of it, made on first use."""
+        if not isinstance(self.memory, Memory):
+            self.memory = Memory(kept=True)
+        return self.memory
 
     def pending(self) -> int:
         """Operations queued and not yet taken into a batch."""
@@ -305,13 +311,11 @@ def answer_early(
     nothing, where the stored pool decides; the store did not answer)."""
     rng = ops[0].rng
     with comb.deciding:
-        if not isinstance(comb.memory, Memory):  # the pool's, kept with its combiner
-            comb.memory = Memory(kept=True)
-        memory, lost = comb.memory, sum(op.claims.lost for op in ops)
+        memory, lost = comb.kept(), sum(op.claims.lost for op in ops)
         last = memory.last
         try:
-            kept = last is not None and same_network(last.range, rng)
-            view = SnapshotView(last) if last is not None and kept else engine.view(rng)
+            fits = last is not None and same_network(last.range, rng)
+            view = SnapshotView(last) if last is not None and fits else engine.view(rng)
             changes = Changes(view)
             for op in comb.unwritten:
                 _replay(engine, changes, op)
@@ -355,11 +359,9 @@ def _executor(engine: Shared, name: str, comb: Combiner) -> Callable[[list[Op]],
     def execute(group: list[Op]) -> None:
         from ipam.store.handles import BATCH, store_for
 
-        if not isinstance(comb.memory, Memory):  # the pool's, kept with its combiner
-            comb.memory = Memory(kept=True)
         with reopen() if reopen is not None else store_for(conf.store, BATCH) as store:
             e = engine.on(store)
-            Attempt(e, name, group, comb.memory, releases=True).run()
+            Attempt(e, name, group, comb.kept(), releases=True).run()
             _release_freed(e, group)
 
     return execute

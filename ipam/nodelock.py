@@ -97,8 +97,9 @@ def path_for(directory: str, identity: str, node: str, pool: str) -> str:
     return os.path.join(directory, f"{digest}.lock")
 
 
-def _counter(fd: int) -> int:
-    return int.from_bytes(os.pread(fd, 8, 0).ljust(8, b"\0"), "little")
+def _counter(fd: int, data: bytes = b"") -> int:
+    """The lock file's counter: read from `fd`, or the first 8 bytes of `data` read already."""
+    return int.from_bytes((data or os.pread(fd, 8, 0))[:8].ljust(8, b"\0"), "little")
 
 
 class Held:
@@ -164,9 +165,10 @@ def held(path: str, patience: float = PATIENCE, limit: float = LIMIT) -> Iterato
             log.warning("node lock %s: held by pid %d, which is stopped: running without it", path, frozen)
             yield None
             return
-        count = (_counter(fd) + 1) % 2**63
+        data = os.pread(fd, 8 + NOTES_MAX, 0)  # the counter and a dead holder's notes: one read
+        count = (_counter(fd, data) + 1) % 2**63
         os.pwrite(fd, count.to_bytes(8, "little"), 0)
-        lock = Held(fd, path, count, _notes(os.pread(fd, NOTES_MAX, 8)))  # a dead holder's notes
+        lock = Held(fd, path, count, _notes(data[8:]))
         try:
             yield lock
         finally:
