@@ -79,6 +79,8 @@ NO_FROZEN_ENTRY = (
 NO_SESSION_AGENT = (
     # the bundle itself: VERSION calls in a bare environment, PYCNI_AGENT=off, an agent of its own
     "tests/e2e/test_frozen_bundle.py",
+    # the image: its own agent container (built and run once)
+    "tests/e2e/test_image.py",
     # each test runs its own agent on its own FIFO (the frozen pycni-agent in both frozen passes)
     "tests/integration/test_agent.py",
     "tests/integration/test_agent_metrics.py",
@@ -89,8 +91,17 @@ NO_SESSION_AGENT = (
     "tests/integration/test_device_channels.py",
     "tests/integration/test_rail_devices.py",
 )
+# In make test (tests/passes.py) the agent pass follows the frozen pass (PYCNI_TEST_AGENT_PASS_FOLLOWS): the
+# frozen pass then leaves to it the tests it runs (the same frozen entries, their plugin code run by the
+# frozen agent), and keeps the ones it leaves (NO_SESSION_AGENT: the frozen entries without an agent, the
+# device lab's in-process calls, the bundle's own tests) and FROZEN_IN_PROCESS: the frozen plugins' own
+# in-process path (the shim finding no agent, the frozen IPAM exec'd by the frozen plugin), every
+# cniVersion.
+AGENT_PASS_FOLLOWS = "PYCNI_TEST_AGENT_PASS_FOLLOWS"
+FROZEN_IN_PROCESS = EVERY_VERSION
 _LEFT_TO_THE_SOURCE_PASS: list[int] = []
 _LEFT_TO_THE_FROZEN_PASS: list[int] = []
+_LEFT_TO_THE_AGENT_PASS: list[int] = []
 
 
 def frozen_selection(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -132,6 +143,16 @@ def frozen_selection(config: pytest.Config, items: list[pytest.Item]) -> None:
             config.hook.pytest_deselected(items=no_agent)
             items[:] = [i for i in items if i.nodeid.split("::")[0] not in NO_SESSION_AGENT]
             _LEFT_TO_THE_FROZEN_PASS.append(len(no_agent))
+    elif os.environ.get(AGENT_PASS_FOLLOWS):
+        def frozen_only(item: pytest.Item) -> bool:
+            path = item.nodeid.split("::")[0]
+            return path in NO_SESSION_AGENT or path.startswith(FROZEN_IN_PROCESS)
+
+        to_agent = [i for i in items if not frozen_only(i)]
+        if to_agent:
+            config.hook.pytest_deselected(items=to_agent)
+            items[:] = [i for i in items if frozen_only(i)]
+            _LEFT_TO_THE_AGENT_PASS.append(len(to_agent))
 
 
 RBAC_CODE_CHECK = "test_the_code_sends_exactly_what_rbac_declares_and_the_manifests_grant"
@@ -258,6 +279,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             f"agent pass: {_LEFT_TO_THE_FROZEN_PASS[0]} tests left to the frozen pass (deselected: none of"
             " their plugin calls can reach the session's agent; tests/conftest.py NO_SESSION_AGENT)"
+        )
+    if _LEFT_TO_THE_AGENT_PASS:
+        terminalreporter.write_line(
+            f"frozen pass: {_LEFT_TO_THE_AGENT_PASS[0]} tests left to the agent pass after it (deselected:"
+            f" it runs them through the frozen entries; {AGENT_PASS_FOLLOWS}, tests/conftest.py)"
         )
     if _SERVED:
         terminalreporter.write_line(f"pycni agent: served {len(_SERVED)} requests")

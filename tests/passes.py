@@ -14,12 +14,18 @@ there). Sessions are safe side by side as two CI runs on one
 machine are: per-process name prefixes (tests/nsutil.py), their own temp dirs and ports, host-wide locks
 where the host has one resource (kube-proxy, the netns mount).
 
-Each session's output is printed whole when it ends; the exit status is non-zero if any session failed.
+The frozen session leaves to the agent session, which always follows it here, the tests that one runs
+(PYCNI_TEST_AGENT_PASS_FOLLOWS: tests/conftest.py frozen_selection).
+
+Each session's output is printed whole when it ends, then a line per session with its wall time and its
+CPU time (its own and its reaped children's: not the servers it starts detached) and how busy the whole
+machine was; the exit status is non-zero if any session failed.
 JOBS: `PYCNI_TEST_JOBS` (default 3; 1 runs them one after the other)."""
 
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -52,7 +58,7 @@ def sessions(plugin_dir: str) -> list[Session]:
         Session("source: tests/kubeapi tests/contract",
                 ("--durations=10", "tests/kubeapi", "tests/contract")),
         Session("source: tests/unit tests/hardening", ("--durations=10", "tests/unit", "tests/hardening")),
-        Session("frozen", ("--durations=10", *FROZEN), frozen),
+        Session("frozen", ("--durations=10", *FROZEN), (*frozen, ("PYCNI_TEST_AGENT_PASS_FOLLOWS", "1"))),
         Session("frozen + agent", ("--durations=10", *FROZEN), (*frozen, ("PYCNI_TEST_AGENT", "1"))),
     ]
 
@@ -63,6 +69,20 @@ class Running:
     proc: subprocess.Popen[bytes]
     log: Path
     started: float
+    cpu: float = 0.0  # user + system seconds of the session and the descendants it reaped
+
+
+def cpu_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine since boot, every CPU (/proc/stat)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return (sum(ticks) - idle) / hz, sum(ticks) / hz
 
 
 def start(session: Session, logs: Path) -> Running:
@@ -79,7 +99,8 @@ def main(argv: list[str]) -> int:
     plugin_dir = argv[0] if argv else str(REPO / "dist" / "cni-bin")
     jobs = max(1, int(os.environ.get("PYCNI_TEST_JOBS", "3")))
     todo = sessions(plugin_dir)
-    results: list[tuple[str, int, float]] = []
+    results: list[tuple[str, int, float, float]] = []
+    busy0, all0 = machine_busy()
     with tempfile.TemporaryDirectory(prefix="pycni-passes-") as tmp:
         running: list[Running] = []
         while todo or running:
@@ -89,15 +110,18 @@ def main(argv: list[str]) -> int:
             running.remove(done)
             took = time.monotonic() - done.started
             rc = done.proc.returncode
-            results.append((done.session.name, rc, took))
-            print(f"== {time.strftime('%H:%M:%S')} finished: {done.session.name}: exit {rc} in {took:.0f} s",
-                  flush=True)
+            results.append((done.session.name, rc, took, done.cpu))
+            print(f"== {time.strftime('%H:%M:%S')} finished: {done.session.name}: exit {rc} in {took:.0f} s "
+                  f"({done.cpu:.0f} CPU s)", flush=True)
             sys.stdout.buffer.write(done.log.read_bytes())
             sys.stdout.flush()
-    print("\n== sessions")
-    for name, rc, took in results:
-        print(f"{'ok    ' if rc == 0 else 'FAILED'} {took:6.0f} s  {name}")
-    return 0 if all(rc == 0 for _, rc, _ in results) else 1
+    busy1, all1 = machine_busy()
+    print("\n== sessions (wall; CPU: the session's and what it reaped of its children)")
+    for name, rc, took, cpu in results:
+        print(f"{'ok    ' if rc == 0 else 'FAILED'} {took:6.0f} s {cpu:6.0f} CPU s  {name}")
+    busy, total = busy1 - busy0, all1 - all0
+    print(f"the machine: {busy:.0f} of {total:.0f} CPU s busy ({busy / total:.0%}), whatever ran on it")
+    return 0 if all(rc == 0 for _, rc, _, _ in results) else 1
 
 
 def wait_one(running: list[Running]) -> Running:
@@ -105,7 +129,9 @@ def wait_one(running: list[Running]) -> Running:
     so that Popen.poll still collects its exit status."""
     while True:
         for r in running:
+            before = cpu_children()
             if r.proc.poll() is not None:
+                r.cpu = cpu_children() - before
                 return r
         ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
         if ended is not None and ended.si_pid not in {r.proc.pid for r in running}:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
-from tests import passes
+from tests import conftest, passes
 
 
 def test_the_source_sessions_cover_tests_once_and_the_frozen_ones_both_modes() -> None:
@@ -19,7 +20,29 @@ def test_the_source_sessions_cover_tests_once_and_the_frozen_ones_both_modes() -
     assert "tests" in rest.args and ignored == apart == set(passes.APART)
     assert all(Path(passes.REPO, d).is_dir() for d in apart)
     frozen = [dict(s.env) for s in got if not s.name.startswith("source")]
-    assert frozen == [{"PYCNI_PLUGIN_DIR": "/dist"}, {"PYCNI_PLUGIN_DIR": "/dist", "PYCNI_TEST_AGENT": "1"}]
+    assert frozen == [{"PYCNI_PLUGIN_DIR": "/dist", conftest.AGENT_PASS_FOLLOWS: "1"},
+                      {"PYCNI_PLUGIN_DIR": "/dist", "PYCNI_TEST_AGENT": "1"}]
+
+
+def collected(env: dict[str, str]) -> set[str]:
+    """The test ids a frozen session with `env` runs (collected only)."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           *passes.FROZEN], cwd=passes.REPO, capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYCNI_PLUGIN_DIR": "/dist", **env}, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return {line for line in proc.stdout.splitlines() if "::" in line}
+
+
+def test_the_frozen_session_leaves_to_the_agent_session_only_what_that_runs() -> None:
+    """Both frozen sessions together run every test the frozen pass alone would run; both run only the
+    frozen plugins' in-process path (FROZEN_IN_PROCESS), which only the session without an agent takes."""
+    alone = collected({})
+    frozen = collected({conftest.AGENT_PASS_FOLLOWS: "1"})
+    agent = collected({"PYCNI_TEST_AGENT": "1"})
+    assert frozen | agent == alone
+    both = frozen & agent
+    assert both and all(t.startswith(conftest.FROZEN_IN_PROCESS) for t in both), sorted(both)[:5]
+    assert all(t.split("::")[0] in conftest.NO_SESSION_AGENT for t in frozen - agent)
 
 
 def test_each_ended_session_is_collected_with_its_own_exit_status(tmp_path: Path) -> None:
