@@ -87,7 +87,7 @@ e2e: deps venv driver
 # passes leave to the first what runs no frozen entry or only repeats a scenario at an older cniVersion,
 # the agent pass to the frozen one the tests none of whose calls can reach the session's agent
 # (tests/conftest.py frozen_selection; they print how many).
-# The passes run as eight pytest sessions, PYCNI_TEST_JOBS (default 3) at a time (tests/passes.py).
+# The passes run as nine pytest sessions, PYCNI_TEST_JOBS (default 3) at a time (tests/passes.py).
 test: deps venv driver lint bundle
 	$(PY) -m tests.passes $(CURDIR)/dist/cni-bin
 

@@ -1,18 +1,18 @@
 """`make test`'s pytest runs, side by side (`python -m tests.passes`).
 
 The suite is the same as three passes one after the other (everything from source; the integration and
-e2e suites against the frozen entries; the same through the frozen node-local agent), split into eight
+e2e suites against the frozen entries; the same through the frozen node-local agent), split into nine
 pytest sessions run at most JOBS at a time, longest first. Most of a session waits on processes, the
 kernel and API servers, not on the two cores: one after the other the machine sat half idle.
 
 The source pass is cut where nothing crosses the cut: the cluster suite (one real node per session), the
 Kubernetes and contract suites (tests/kubeapi/test_rbac.py checks the requests the contract suite's
 Kubernetes variant and tests/kubeapi sent in its session), the concurrency suite, the unit and hardening
-suites and the macvlan matrix (tests/integration/macvlan: every scenario at every cniVersion), both cut
-off the rest, which was the long pole, and the rest (`tests` without those, so a new directory lands
-there). Sessions are safe side by side as two CI runs on one
-machine are: per-process name prefixes (tests/nsutil.py), their own temp dirs and ports, host-wide locks
-where the host has one resource (kube-proxy, the netns mount).
+suites, the macvlan matrix (tests/integration/macvlan: every scenario at every cniVersion) and tests/e2e,
+all three cut off the rest, which was the long pole, and the rest (`tests` without those, so a new
+directory lands there). Sessions are safe side by side as two CI runs on one machine are: per-process
+name prefixes (tests/nsutil.py), their own temp dirs and ports, host-wide locks where the host has one
+resource (kube-proxy, the netns mount).
 
 The frozen session leaves to the agent session, which always follows it here, the tests that one runs
 (PYCNI_TEST_AGENT_PASS_FOLLOWS: tests/conftest.py frozen_selection).
@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PYTEST = [sys.executable, "-m", "pytest", "-q"]
 APART = ("tests/cluster", "tests/kubeapi", "tests/contract", "tests/concurrency", "tests/unit",
-         "tests/hardening", "tests/integration/macvlan")
+         "tests/hardening", "tests/integration/macvlan", "tests/e2e")
 FROZEN = ("tests/integration", "tests/e2e")
 
 
@@ -48,16 +48,17 @@ class Session:
 
 
 def sessions(plugin_dir: str) -> list[Session]:
-    """Longest first (their durations one after the other: docs/testing.md)."""
+    """Longest first (their durations in make test: docs/testing.md)."""
     frozen = (("PYCNI_PLUGIN_DIR", plugin_dir),)
     return [
         Session("source: tests/cluster", ("--durations=10", "tests/cluster")),
-        Session("source: tests/concurrency", ("--durations=5", "tests/concurrency")),
-        Session("source: the rest", ("--durations=15", "tests", *(f"--ignore={d}" for d in APART))),
-        Session("source: tests/integration/macvlan", ("--durations=10", "tests/integration/macvlan")),
+        Session("source: tests/unit tests/hardening", ("--durations=10", "tests/unit", "tests/hardening")),
         Session("source: tests/kubeapi tests/contract",
                 ("--durations=10", "tests/kubeapi", "tests/contract")),
-        Session("source: tests/unit tests/hardening", ("--durations=10", "tests/unit", "tests/hardening")),
+        Session("source: tests/e2e", ("--durations=10", "tests/e2e")),
+        Session("source: tests/concurrency", ("--durations=5", "tests/concurrency")),
+        Session("source: tests/integration/macvlan", ("--durations=10", "tests/integration/macvlan")),
+        Session("source: the rest", ("--durations=10", "tests", *(f"--ignore={d}" for d in APART))),
         Session("frozen", ("--durations=10", *FROZEN), (*frozen, ("PYCNI_TEST_AGENT_PASS_FOLLOWS", "1"))),
         Session("frozen + agent", ("--durations=10", *FROZEN), (*frozen, ("PYCNI_TEST_AGENT", "1"))),
     ]
