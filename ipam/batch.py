@@ -89,7 +89,7 @@ class Combiner:
 
     def kept(self) -> Memory:
         """What the pool's batches (and answer_early) remember of it, made on first use."""
-        if not isinstance(self.memory, Memory):
+        if self.memory is None:
             self.memory = Memory(kept=True)
         return self.memory
 

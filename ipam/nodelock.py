@@ -97,9 +97,9 @@ def path_for(directory: str, identity: str, node: str, pool: str) -> str:
     return os.path.join(directory, f"{digest}.lock")
 
 
-def _counter(fd: int, data: bytes = b"") -> int:
-    """The lock file's counter: read from `fd`, or the first 8 bytes of `data` read already."""
-    return int.from_bytes((data or os.pread(fd, 8, 0))[:8].ljust(8, b"\0"), "little")
+def _counter(data: bytes) -> int:
+    """The lock file's counter: its first 8 bytes (`data` read from offset 0)."""
+    return int.from_bytes(data[:8].ljust(8, b"\0"), "little")
 
 
 class Held:
@@ -166,7 +166,7 @@ def held(path: str, patience: float = PATIENCE, limit: float = LIMIT) -> Iterato
             yield None
             return
         data = os.pread(fd, 8 + NOTES_MAX, 0)  # the counter and a dead holder's notes: one read
-        count = (_counter(fd, data) + 1) % 2**63
+        count = (_counter(data) + 1) % 2**63
         os.pwrite(fd, count.to_bytes(8, "little"), 0)
         lock = Held(fd, path, count, _notes(data[8:]))
         try:
@@ -185,7 +185,7 @@ def _progress(fd: int, seen: list[int], since: list[float], start: float, patien
               limit: float) -> None:
     """Raise _NoProgress unless the counter moved within `patience` (and `limit` is not past)."""
     now = time.monotonic()
-    value = _counter(fd)
+    value = _counter(os.pread(fd, 8, 0))
     if value != seen[0]:
         seen[0], since[0] = value, now
     if now - since[0] >= patience or now - start >= limit:
@@ -194,7 +194,7 @@ def _progress(fd: int, seen: list[int], since: list[float], start: float, patien
 
 def _poll(fd: int, patience: float, limit: float) -> None:
     start = looked = time.monotonic()
-    seen, since = [_counter(fd)], [start]
+    seen, since = [_counter(os.pread(fd, 8, 0))], [start]
     pause = POLL[0]
     first = True
     while True:
@@ -220,7 +220,7 @@ def _block(fd: int, patience: float, limit: float) -> None:
     import signal
 
     start = time.monotonic()
-    seen, since = [_counter(fd)], [start]
+    seen, since = [_counter(os.pread(fd, 8, 0))], [start]
 
     def look(signum: int, frame: object) -> None:  # a wake-up in flock: raise to stop waiting
         _progress(fd, seen, since, start, patience, limit)
