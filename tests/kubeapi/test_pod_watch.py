@@ -201,6 +201,11 @@ def test_an_entry_without_uid_is_freed_once_no_pod_of_its_name_exists(tenant: Te
     w = opened(tenant, tmp_path, swept)
     w.start()
     try:
+        # listed first: a pod deleted before the watch's first LIST is never a DELETED event, and an
+        # entry without this node's name is not judged at start-up (the reconciler's, as upstream's)
+        with swept.cond:
+            assert swept.cond.wait_for(lambda: bool(swept.done), WAIT)
+        assert not swept.done[0][0].gone and (ns, "legacy") in (swept.done[0][0].listed or {})
         tenant.delete_pod("legacy")
         _, report, _ = swept.covering(ns, "legacy")
     finally:
