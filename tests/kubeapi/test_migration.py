@@ -27,10 +27,12 @@ from typing import Any
 
 import pytest
 
-from ipam import cli
+from ipam import cli, rbac
 from ipam.config import from_dict
 from ipam.ranges import IPRange
+from ipam.store.base import Store
 from ipam.store.names import pool_name, reservation_name
+from ipam.store.select import open_store
 from tests import kubeup, netop
 from tests.kubeapi import wbupstream
 from tests.kubeapi.wbupstream import ControlLoop, Implementation, cni_env
@@ -123,6 +125,7 @@ class Run:
         self.reconciler_conf.write_text(json.dumps({"ipam": {"configuration_path": str(reconciler_flat)}}))
         self.show_conf = tmp / "ours" / "conf.json"
         self.show_conf.write_text(json.dumps({"ipam": {"configuration_path": str(self.ours.flat)}}))
+        self.show_store = show_store(self.show_conf)
         self.loop = ControlLoop(kube, self.ns, self.nodes[0], tmp / "control-loop" / "root")
         self.pods: dict[str, Pod] = {}
         self.pending: list[Att] = []  # of pods deleted without DEL: may linger until cleaned up
@@ -391,15 +394,16 @@ class Run:
         self.check_show()
 
     def check_show(self) -> None:
-        """`python -m ipam show POOL` (its code, in this process) never shows another allocation's data:
-        each row's UID, network and node, where shown, are those of the attachment holding the entry."""
+        """`python -m ipam show POOL` (its code, `cli.cmd_show`, in this process, on one store opened as
+        the tool opens it: a handshake per pool and check cost more than the rest of the run's checks)
+        never shows another allocation's data: each row's UID, network and node, where shown, are those
+        of the attachment holding the entry."""
         holders = {
             (pool, key, a.cid[:16]): a for a in self.live() + self.pending for pool, key, _ in a.places()
         }
         for pool in self.tenant.pools():
             out = io.StringIO()
-            if cli.main(["--config", str(self.show_conf), "show", pool], out) != 0:
-                self.fail(f"show {pool} failed: {out.getvalue()}")
+            cli.cmd_show(self.show_store, pool, out)
             for line in out.getvalue().splitlines()[2:]:
                 ip, podref, ifname, cid, uid, network, node = line.split()
                 att = holders.get((pool, str(self.offset(pool, ip)), cid))
@@ -455,6 +459,17 @@ class Run:
                 self.fail(f"not empty at the end: {leftover} {self.tenant.reservations()}")
         finally:
             self.loop.stop()
+            self.show_store.close()
+
+
+def show_store(conf: Path) -> Store:
+    """The store `python -m ipam --config CONF show` reads, opened as the tool opens it (its role)."""
+    previous = rbac.acting()
+    rbac.act_as(rbac.RECONCILER)
+    try:
+        return open_store(cli.store_config(cli.parser(cli.PROG).parse_args(["--config", str(conf), "pools"])))
+    finally:
+        rbac.act_as(previous)
 
 
 def seed_and_ops() -> tuple[int, int]:
