@@ -89,6 +89,8 @@ def net(installed: Installed, request: pytest.FixtureRequest) -> Iterator[Net]:
         yield Net(ns, master, device, node)
     finally:
         # pods first (their DELs release the addresses and give the device back), then the links
-        node.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=300s", check=False, timeout=400)
-        for link in (master, device, device + "p"):
-            sh("ip", "link", "del", link, check=False)
+        try:
+            node.drop_namespace(ns)
+        finally:
+            for link in (master, device, device + "p"):
+                sh("ip", "link", "del", link, check=False)

@@ -142,6 +142,19 @@ class Cluster:
     def get(self, *args: str) -> Any:
         return json.loads(self.kubectl("get", "-o", "json", *args).stdout)
 
+    def drop_namespace(self, ns: str, timeout: float = 300.0) -> None:
+        """Delete `ns` and wait until its pods are gone (the kubelet tore their sandboxes down: every
+        DEL ran), not for the rest of the namespace's finalization: the namespace controller takes
+        seconds more for objects nothing here reads again (the cluster goes with the suite). A
+        terminating namespace takes no new pods, so no controller of it brings one back meanwhile."""
+        self.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+        def gone() -> bool:
+            got = self.kubectl("-n", ns, "get", "pods", "-o", "name", check=False)
+            return got.returncode == 0 and not got.stdout.strip()
+
+        wait_for(f"the pods of namespace {ns} to go", gone, timeout)
+
     def apply(self, docs: list[dict[str, Any]]) -> None:
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
 

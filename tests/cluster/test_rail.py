@@ -46,9 +46,11 @@ def rails(installed: Installed) -> Iterator[tuple[kubenode.Cluster, str]]:
         node.apply(nads)
         yield node, ns
     finally:
-        node.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=300s", check=False, timeout=400)
-        for master in masters:
-            sh("ip", "link", "del", master, check=False)
+        try:
+            node.drop_namespace(ns)
+        finally:
+            for master in masters:
+                sh("ip", "link", "del", master, check=False)
 
 
 def tx(node: kubenode.Cluster, ns: str, name: str) -> dict[str, int]:
