@@ -48,7 +48,7 @@ class Session:
 
 
 def sessions(plugin_dir: str) -> list[Session]:
-    """Longest first (their durations in make test: docs/testing.md, which also has the run that
+    """Longest first, by their durations in make test (docs/testing.md, which also has the run that
     started the concurrency suite first: slower)."""
     frozen = (("PYCNI_PLUGIN_DIR", plugin_dir),)
     return [
@@ -56,11 +56,11 @@ def sessions(plugin_dir: str) -> list[Session]:
         Session("source: tests/unit tests/hardening", ("--durations=10", "tests/unit", "tests/hardening")),
         Session("source: tests/kubeapi tests/contract",
                 ("--durations=10", "tests/kubeapi", "tests/contract")),
+        Session("source: tests/integration/macvlan", ("--durations=10", "tests/integration/macvlan")),
         Session("source: tests/e2e", ("--durations=10", "tests/e2e")),
         Session("source: tests/concurrency", ("--durations=5", "tests/concurrency")),
-        Session("source: tests/integration/macvlan", ("--durations=10", "tests/integration/macvlan")),
-        Session("source: the rest", ("--durations=10", "tests", *(f"--ignore={d}" for d in APART))),
         Session("frozen", ("--durations=10", *FROZEN), (*frozen, ("PYCNI_TEST_AGENT_PASS_FOLLOWS", "1"))),
+        Session("source: the rest", ("--durations=10", "tests", *(f"--ignore={d}" for d in APART))),
         Session("frozen + agent", ("--durations=10", *FROZEN), (*frozen, ("PYCNI_TEST_AGENT", "1"))),
     ]
 
