@@ -33,12 +33,7 @@ SEED = int(os.environ.get("PYCNI_STORM_SEED", "20260917"))
 # The storm's length: PYCNI_STORM_CALLS, else 1,000 on every store: two cycles, so every path is taken
 # twice (forced_cycle). (2,000 until make test had to fit in 20 minutes: on the real kube-apiserver, whose
 # calls the node lock takes one pool write at a time, they took 232 s of it.)
-CALLS: dict[str, int] = {}
-DEFAULT_CALLS = 1000
-
-
-def storm_calls(store: str) -> int:
-    return int(os.environ.get("PYCNI_STORM_CALLS") or CALLS.get(store, DEFAULT_CALLS))
+STORM_CALLS = int(os.environ.get("PYCNI_STORM_CALLS") or 1000)
 
 
 @pytest.fixture(params=NAMES)
@@ -287,10 +282,8 @@ def forced_cycle(d: Driver, full: str) -> None:
         d.run([("del", full, a, None) for a in group], forced=True)
 
 
-def test_seeded_storm_then_del_of_everything(
-    target: Target, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    total = storm_calls(request.node.callspec.params["target"])
+def test_seeded_storm_then_del_of_everything(target: Target, tmp_path: Path) -> None:
+    total = STORM_CALLS
     cycles = max(2, total // CYCLE_CALLS)
     rnd = random.Random(SEED)
     confs = {

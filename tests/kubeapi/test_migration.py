@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from ipam import cli, rbac
-from ipam.config import from_dict
+from ipam.config import from_dict, load_store
 from ipam.ranges import IPRange
 from ipam.store.base import Store
 from ipam.store.names import pool_name, reservation_name
@@ -123,9 +123,7 @@ class Run:
         Implementation("reconciler", reconciler_flat, tenant.reconciler)
         self.reconciler_conf = tmp / "reconciler" / "conf.json"
         self.reconciler_conf.write_text(json.dumps({"ipam": {"configuration_path": str(reconciler_flat)}}))
-        self.show_conf = tmp / "ours" / "conf.json"
-        self.show_conf.write_text(json.dumps({"ipam": {"configuration_path": str(self.ours.flat)}}))
-        self.show_store = show_store(self.show_conf)
+        self.show_store = show_store(self.ours.flat)
         self.loop = ControlLoop(kube, self.ns, self.nodes[0], tmp / "control-loop" / "root")
         self.pods: dict[str, Pod] = {}
         self.pending: list[Att] = []  # of pods deleted without DEL: may linger until cleaned up
@@ -462,12 +460,12 @@ class Run:
             self.show_store.close()
 
 
-def show_store(conf: Path) -> Store:
-    """The store `python -m ipam --config CONF show` reads, opened as the tool opens it (its role)."""
+def show_store(flat: Path) -> Store:
+    """The store `python -m ipam show` reads with the flat file `flat`, opened with the tool's role."""
     previous = rbac.acting()
     rbac.act_as(rbac.RECONCILER)
     try:
-        return open_store(cli.store_config(cli.parser(cli.PROG).parse_args(["--config", str(conf), "pools"])))
+        return open_store(load_store({"configuration_path": str(flat)}))
     finally:
         rbac.act_as(previous)
 
