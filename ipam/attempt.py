@@ -22,7 +22,9 @@ merging store guards entry by entry: no need."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterator
 
 from cni import faults, log
 from cni.errors import CniError, TryAgainError
@@ -54,6 +56,7 @@ if TYPE_CHECKING:  # (typing costs every call: annotations only)
 
         def view(self, rng: IPRange, floor: str = "") -> PoolView: ...
         def commit(self, view: PoolView, update: PoolUpdate) -> str: ...
+        def post(self, view: PoolView, update: PoolUpdate) -> Callable[[], str] | None: ...
         def atomic(self, pool: str = "", node: str = "") -> AbstractContextManager[nodelock.Held | None]: ...
         def lean_for(self, op: Op) -> bool: ...
         def reservation_name(self, rng: IPRange, offset: int) -> str: ...
@@ -116,6 +119,16 @@ class Pass:
         self.stale = False
 
 
+class Sent:
+    """A batch's write as begun under the node lock (Attempt._send): its ops, the lock it was begun
+    under, the update, and the version after it (`version`) or the wait for it (`waiting`)."""
+
+    def __init__(self, decided: list[Op], lock: nodelock.Held | None, update: PoolUpdate) -> None:
+        self.decided, self.lock, self.update = decided, lock, update
+        self.version: str | None = None
+        self.waiting: Callable[[], str] | None = None
+
+
 class Attempt:
     """Attempts at the batch `ops` of pool `name` until one writes (`run`); `ops` is the batch's list
     (the agent's arrivals join it). `reread` once a write of it failed: every attempt after it reads the
@@ -135,16 +148,19 @@ class Attempt:
 
     def step(self) -> None:
         """One read-modify-write of the pool for every op of the batch not yet done: each decided in
-        turn against the pool plus the decisions before it, then one write. A Conflict on the write
-        leaves every op pending (the retry reads the pool again; reservations already made are kept)."""
+        turn against the pool plus the decisions before it, then one write, begun under the node lock
+        and awaited after it (a write through a shared pool's turn waits for other nodes' writes: the
+        node's next writers decide meanwhile). A Conflict on the write leaves every op pending (the
+        retry reads the pool again; reservations already made are kept)."""
         pending = [op for op in self.ops if not op.done]
         if not pending:
             return
         undecide(pending)  # an attempt before this one failed: its decisions are void
         with self.e.atomic(self.name, pending[0].owner.node) as lock:
-            self._locked(lock, pending)
+            sent = self._locked(lock, pending)
+        self._written(sent)
 
-    def _locked(self, lock: nodelock.Held | None, pending: list[Op]) -> None:
+    def _locked(self, lock: nodelock.Held | None, pending: list[Op]) -> Sent:
         self.lock = lock
         if lock is not None:  # what a holder that died left (ipam.reservations); this call's claims noted
             if lock.left:
@@ -156,43 +172,62 @@ class Attempt:
         hot = memory.hot()
         lost = sum(op.claims.lost for op in pending)
         view, got, cached = self.decide_batch(pending[0].rng, lock, pending, hot)
-        decided = got.decided
         if sum(op.claims.lost for op in pending) > lost:
             memory.heat(HOT_SECONDS)  # races lost to other nodes: the next calls here spread at once
-        version = self._write(view, got.changes, cached, decided)
-        if version is not None:
-            memory.wrote(lock, self.e.store.written(self.name, version) if memory.kept else None, version)
-        for op in decided:  # a mode that releases in the batch: its DELs written once released
+        return self._send(view, got.changes, cached, got.decided, lock)
+
+    def _send(
+        self, view: PoolView, changes: Changes, cached: bool, decided: list[Op], lock: nodelock.Held | None
+    ) -> Sent:  # fmt: skip
+        """The batch's one write begun (none when it changes nothing): written at once, or waiting."""
+        update = changes.update()
+        whole = cached and any(op.kind == "add" for op in decided)
+        update = PoolUpdate(update.put, update.remove, whole, decided[0].owner.node if decided else "")
+        sent = Sent(decided, lock, update)
+        if not update or (view.version is None and not update.put):
+            sent.version = view.version
+            return sent
+        with self._failing(sent):
+            sent.waiting = self.e.post(view, update)
+            if sent.waiting is None:
+                sent.version = self.e.commit(view, update)
+                faults.point("store-commit")  # tests: inside the store transaction, before it ends
+        return sent
+
+    def _written(self, sent: Sent) -> None:
+        """The write of `sent` awaited (outside the node lock), then its ops written."""
+        if sent.waiting is not None:
+            with self._failing(sent):
+                sent.version = sent.waiting()
+        memory = self.memory
+        if sent.version is not None:
+            pool = self.e.store.written(self.name, sent.version) if memory.kept else None
+            memory.wrote(sent.lock, pool, sent.version)
+        for op in sent.decided:  # a mode that releases in the batch: its DELs written once released
             if op.kind == "add" or not self.releases:
                 op.to(operation.WRITTEN)
-        for op in decided:
+        for op in sent.decided:
             if op.kind == "add":
                 log.debug("%s %s: %s (%s)", op.owner.container_id, op.owner.ifname,
                           op.rng.address(op.offsets[0]), self.name)  # fmt: skip
 
-    def _write(self, view: PoolView, changes: Changes, cached: bool, decided: list[Op]) -> str | None:
-        """The batch's one write (none when it changes nothing); the pool's version after it."""
-        update = changes.update()
-        if cached and any(op.kind == "add" for op in decided):
-            update = PoolUpdate(put=update.put, remove=update.remove, whole=True)
-        if not update or (view.version is None and not update.put):
-            return view.version
+    @contextlib.contextmanager
+    def _failing(self, sent: Sent) -> Iterator[None]:
+        """What a failed write of `sent` leaves for the retry."""
         try:
-            version = self.e.commit(view, update)
+            yield
         except StoreUnavailable:  # the server may have applied the write all the same (StoreBusy:
             # a read timeout, a 504): a retry may find these entries gone, their reservations not
-            for op in decided:
+            for op in sent.decided:
                 op.sent += [f for f in op.freed if f not in op.sent]
             raise
         except Conflict:
             self.reread = True  # not a cached read next time: it may not hold what we met
-            if update.whole:  # written since the view this process kept: read it for a while
+            if sent.update.whole:  # written since the view this process kept: read it for a while
                 self.memory.seen_foreign(HOT_SECONDS)
             else:
                 self.memory.heat(HOT_SECONDS)  # another node wrote this pool meanwhile
             raise
-        faults.point("store-commit")  # tests: inside the store transaction, before it ends
-        return version
 
     # ---- deciding ---------------------------------------------------------------------------------
 
@@ -365,7 +400,8 @@ def undecide(ops: list[Op], failed: bool = False) -> None:
 def _trusts_snapshot(memory: Memory, pending: list[Op], hot: bool | None) -> bool:
     """Whether the batch may start from the process' snapshot (Attempt.decide_batch)."""
     adds = any(op.kind == "add" for op in pending)
-    return memory.kept and (not adds or (not hot and not memory.foreign()))
+    shared = memory.last is not None and memory.last.shared  # other nodes' writes outdate it at once
+    return memory.kept and (not adds or (not hot and not memory.foreign() and not shared))
 
 
 def _failed_add(pending: list[Op]) -> bool:

@@ -89,6 +89,12 @@ class Engine:
     def commit(self, view: PoolView, update: PoolUpdate) -> str:
         return self.store.commit_pool(Pool(view.name, view.range, {}, view.version), update)
 
+    def post(self, view: PoolView, update: PoolUpdate) -> Callable[[], str] | None:
+        """The write begun, to be awaited outside the node lock (Store.post_pool); None: commit it."""
+        if view.version is None:
+            return None
+        return self.store.post_pool(Pool(view.name, view.range, {}, view.version), update)
+
     def atomic(
         self, pool: str = "", node: str = ""
     ) -> contextlib.AbstractContextManager[nodelock.Held | None]:

@@ -98,6 +98,7 @@ class Pool:
     range: str
     allocations: Mapping[str, Allocation] = field(default_factory=dict)
     version: str | None = None
+    shared: bool = False  # several nodes write it: its writes take turns (ipam.turn)
 
 
 @valueclass
@@ -109,6 +110,9 @@ class PoolUpdate:
     # the write must find the whole pool still at the version it was computed from, also on a store that
     # merges entry by entry (ipam.store.base): for a decision taken on a snapshot that may miss others' writes
     whole: bool = False
+    # the node whose ADDs and DELs this writes ("": another writer: GC, the reconciler, the pod watch). A
+    # node's writes of a pool other nodes write too go through the pool's turn (ipam.turn)
+    writer: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.put or self.remove)

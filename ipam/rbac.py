@@ -9,6 +9,7 @@ from __future__ import annotations
 from cni.types.valueclass import valueclass
 
 WHEREABOUTS = "whereabouts.cni.cncf.io"
+COORDINATION = "coordination.k8s.io"
 NODE, RECONCILER = "node", "reconciler"
 
 
@@ -31,6 +32,10 @@ RULES: dict[str, tuple[Rule, ...]] = {
         # node slices (ipam.nodeslice): read this network's NodeSlicePool; where no node-slice-controller
         # made it or assigned this node, create it or take a free slice (compare-and-swap: update)
         Rule(WHEREABOUTS, "nodeslicepools", ("get", "create", "update"), namespaced=True),
+        # the write turn of a pool several nodes write (ipam.turn, ipam.store.kubeturn): the turn (get,
+        # create, patch: take and release; watch: wait for it), each waiting writer's intent (create,
+        # delete; list: the holder's round)
+        Rule(COORDINATION, "leases", ("get", "list", "watch", "create", "patch", "delete"), namespaced=True),
         # the agent's pod watch (ipam.podwatch): list and watch the pods of its node (fieldSelector
         # spec.nodeName; RBAC cannot hold it to that: docs/kubernetes-objects.md), GET a deleted pod's
         # name when an entry has no UID or another one. Its sweeps free with the verbs above.

@@ -125,6 +125,34 @@ class KubeServer:
     def stop(self) -> None:
         subprocess.run([str(UPSTREAM / "kube-down"), str(self.dir)], capture_output=True, check=False)
 
+    def restart_apiserver(self, down: float = 0.0) -> None:
+        """Stop the kube-apiserver (SIGTERM), wait `down` seconds, start it again with the same command
+        line (same port and etcd: every object stays), wait until it is ready. The new process is
+        recorded in the state directory's pids, so `stop` (kube-down) stops it."""
+        with open(f"/proc/{self.pid}/cmdline", "rb") as f:
+            argv = [a.decode() for a in f.read().split(b"\0") if a]
+        os.kill(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while _alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(down)
+        with open(self.dir / "kube-apiserver.log", "ab") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)  # fmt: skip
+        with open(self.dir / "pids", "a") as f:
+            f.write(f"{proc.pid}\n")
+        self.pid = proc.pid
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if self.request("GET", "/readyz", raw=True).strip() == "ok":
+                    return
+            except (OSError, ApiFailure):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("kube-apiserver not ready again after 60 s")
+            time.sleep(0.1)
+
     # ---- admin requests -----------------------------------------------------------------------
 
     def request(

@@ -6,7 +6,8 @@ arguments before running the normal entry point (`python -m cni PLUGIN`, cni.__m
   python -m tests.launch [--faults STEP[,STEP...]] [--fake-pf STATE.json] [--] PLUGIN [ARGS...]
 
 --faults   `step` raises at that step (the plugin's rollback runs), `step!` SIGKILLs the process there
-           (nothing runs after it). The steps are listed in docs/testing.md. An IPAM the plugin
+           (nothing runs after it), `step~` SIGSTOPs it there (a stalled node: the test SIGCONTs it).
+           The steps are listed in docs/testing.md. An IPAM the plugin
            execs is another process and gets no faults.
 --fake-pf  the recording VF seam (tests/fakevf.py) on that state file instead of netlink.
 
@@ -47,6 +48,11 @@ class FaultPlan:
             import signal
 
             os.kill(os.getpid(), signal.SIGKILL)
+        if f"{step}~" in self.items:
+            import signal
+
+            self.items.discard(f"{step}~")  # once: resumed, it goes on
+            os.kill(os.getpid(), signal.SIGSTOP)
         if step in self.items:
             from cni.errors import CniError
 

@@ -28,7 +28,7 @@ process-level concurrency suite (a target in tests/concurrency/stores.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 from cni.errors import CniError, Code, TryAgainError
@@ -113,6 +113,13 @@ class Store(Protocol):
 
     def known_reservation(self, name: str) -> Reservation | None:
         """Reservation `name` as this process last wrote or read it (possibly stale); None: unknown."""
+        return None
+
+    def post_pool(self, pool: Pool, update: PoolUpdate) -> Callable[[], str] | None:
+        """A pool write that may have to wait for other writers (the Kubernetes store: a pool several
+        nodes write, ipam.turn): begun now, under the caller's lock; the function returned waits for it
+        (call it outside any lock) and returns the version, or raises as commit_pool. None: write it with
+        commit_pool (not offered, or not needed for this pool)."""
         return None
 
     def recent_pool(self, name: str, version: str) -> Pool | None:

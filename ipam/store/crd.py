@@ -45,6 +45,8 @@ OWNER_PREFIX = "pycni.io/o-"  # + offset: one allocation's extras
 LEGACY_OWNERS = "pycni.io/owners"  # the first format: never attached, removed on our next write
 RES_UID, RES_NETWORK, RES_NODE = "pycni.io/pod-uid", "pycni.io/network", "pycni.io/node"
 OWNERS_BUDGET = 200 * 1024
+TURN_NOTE = "pycni.io/turn"  # a pool several nodes write: the name of its turn (ipam.turn)
+WRITER_NOTE = "pycni.io/writer"  # the node that last wrote a pool directly (ipam.store.kube)
 
 
 def fingerprint(a: Allocation) -> str:
@@ -132,7 +134,8 @@ def pool_from_object(obj: dict[str, Any], version: str | None = None) -> Pool:
         plain = Allocation(*(str(entry.get(k, "")) for k in ("id", "podref", "ifname")))
         allocations[str(key)] = attach(plain, owners.get(str(key)))
     version = version if version is not None else meta.get("resourceVersion")
-    return Pool(str(meta.get("name", "")), str(spec.get("range", "")), allocations, version)
+    shared = TURN_NOTE in (meta.get("annotations") or {})
+    return Pool(str(meta.get("name", "")), str(spec.get("range", "")), allocations, version, shared)
 
 
 def reservation_to_object(res: Reservation, namespace: str) -> dict[str, Any]:

@@ -19,10 +19,11 @@ in tests, not in a cluster."""
 from __future__ import annotations
 
 import _thread  # threading.Lock is _thread.allocate_lock; importing threading would cost every call
+import os
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from cni import jsonio
+from cni import jsonio, log
 from cni.errors import CniError, Code
 from ipam import kubeapi, rbac
 from ipam.config import StoreConfig
@@ -63,6 +64,9 @@ class KubeStore(Store):
         self._seen: dict[tuple[str, str], tuple[Pool | None, dict[str, Any]]] = {}  # -> (pool, object)
         self._res_meta: dict[str, dict[str, Any]] = {}
         self._scope = (str(getattr(getattr(client, "conf", None), "server", "")), namespace)
+        self.turn_limit = 120.0  # how long a write through a turn may wait (the retry limit)
+        self.contended = False  # the last write through a turn waited for another writer
+        self._watch: Client | None = None
 
     # ---- requests ---------------------------------------------------------------------------------
 
@@ -155,23 +159,96 @@ class KubeStore(Store):
         if pool.version is None:
             new = Pool(pool.name, pool.range, update.apply({}))
             body = crd.pool_to_object(new, self.namespace)
-            body["metadata"]["annotations"] = {**MARKER, **(body["metadata"].get("annotations") or {})}
+            mine = {crd.WRITER_NOTE: update.writer} if update.writer else {}
+            notes = body["metadata"].get("annotations") or {}
+            body["metadata"]["annotations"] = {**MARKER, **mine, **notes}
             return self._written(pool.name, self._call("create", POOLS, pool.name, body))
-        base = self.written(pool.name, pool.version)
-        if base is None:  # a snapshot another handle read: usable only while it is still current
-            base = self.get_pool(pool.name)
-            if base is None or base.version != pool.version:
-                raise Conflict(f"kubernetes: pool {pool.name}: changed since version {pool.version}")
-        obj = self._seen[(pool.name, pool.version)][1]
-        ops = patch_ops(base, (obj.get("metadata") or {}).get("annotations") or {}, update)
+        waiting = self.post_pool(pool, update)
+        if waiting is not None:
+            return waiting()
+        _, notes, ops = self._patch(pool, update)
         if not ops:
             return str(pool.version)
         if update.whole:
             ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": pool.version})
+        if update.writer and notes.get(crd.WRITER_NOTE) != update.writer:
+            ops += _writer_ops(ops, notes, update.writer)
         written = self._call("patch", POOLS, pool.name, [*ops, UNTRACKED])
         if written is None:  # deleted meanwhile
             raise Conflict(f"kubernetes: pool {pool.name}: deleted since version {pool.version}")
         return self._written(pool.name, written)
+
+    def _patch(self, pool: Pool, update: PoolUpdate) -> tuple[Pool, dict[str, Any], list[dict[str, Any]]]:
+        """The snapshot `pool` was read as (read again if another handle read it), its annotations, and
+        the guarded JSON Patch of `update` against it (patch_ops)."""
+        base = self.written(pool.name, str(pool.version))
+        if base is None:  # a snapshot another handle read: usable only while it is still current
+            base = self.get_pool(pool.name)
+            if base is None or base.version != pool.version:
+                raise Conflict(f"kubernetes: pool {pool.name}: changed since version {pool.version}")
+        obj = self._seen[(pool.name, str(pool.version))][1]
+        notes = (obj.get("metadata") or {}).get("annotations") or {}
+        return base, notes, patch_ops(base, notes, update)
+
+    def post_pool(self, pool: Pool, update: PoolUpdate) -> Callable[[], str] | None:
+        """A node's write of a pool other nodes write too (`shared`): through the pool's turn (ipam.turn:
+        taken and written now when it is free, else this write's intent posted and the wait returned).
+        None: a write of its own (a pool this node alone writes, a write of the owners notes, a store
+        without the turn's Leases, or not a node's ADD or DEL)."""
+        if pool.version is None or not update.writer:
+            return None
+        base, notes, ops = self._patch(pool, update)
+        if not ops or not shared(base, notes, update.writer) or _touches_notes(ops):
+            return None
+        if update.whole:  # decided on a snapshot, which other nodes' writes outdate: on a read
+            raise Conflict(f"kubernetes: pool {pool.name}: shared, decided on a snapshot")
+        from ipam import turn
+        from ipam.store.kubeturn import Forbidden, KubeTurn
+
+        me = f"{update.writer}/{os.getpid()}/{os.urandom(4).hex()}"
+        writer = turn.Writer(KubeTurn(self, pool.name), me, limit=self.turn_limit)
+        try:
+            ticket = writer.start(ops)
+        except Forbidden as e:
+            if not _Known.said_forbidden:
+                _Known.said_forbidden = True
+                log.warning("pool %s: shared by several nodes, but %s: written directly (grant leases as "
+                            "bundler/manifests/rbac.yaml does)", pool.name, e)  # fmt: skip
+            return None
+        self.contended = writer.waited
+        return ticket.wait
+
+    def read_pool_object(self, name: str, at_least: str = "") -> dict[str, Any] | None:
+        """Pool `name` as an object (kept as a snapshot): at least as new as version `at_least` from the
+        server's cache, or as stored ("", or a cache that cannot serve that version)."""
+        obj = None
+        if at_least:
+            try:
+                obj = self._call("get", POOLS, name, query={"resourceVersion": at_least})
+            except StoreUnavailable:
+                at_least = ""
+        if not at_least:
+            obj = self._call("get", POOLS, name)
+        if obj is not None:
+            self._keep(obj)
+        return obj
+
+    def patch_pool_object(self, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """A guarded JSON Patch of pool `name` (the turn's round): the object after it (kept as a
+        snapshot). Conflict when a test failed or the pool is gone."""
+        written = self._call("patch", POOLS, name, [*ops, UNTRACKED])
+        if written is None:
+            raise Conflict(f"kubernetes: pool {name}: deleted")
+        self._keep(written)
+        return written
+
+    def watcher(self, read: float) -> Client:
+        """A client for watches (a connection of its own) whose reads wait `read` seconds."""
+        if self._watch is None or self._watch.timeout[1] < read:
+            if self._watch is not None:
+                self._watch.close()
+            self._watch = Client(self.client.conf, (self.client.timeout[0], read))
+        return self._watch
 
     def _written(self, name: str, obj: dict[str, Any] | None) -> str:
         """The version of the pool object a create or patch returned (kept as a snapshot)."""
@@ -252,6 +329,8 @@ class KubeStore(Store):
 
     def close(self) -> None:
         self.client.close()
+        if self._watch is not None:
+            self._watch.close()
 
 
 class _Known:
@@ -261,6 +340,7 @@ class _Known:
     that went stale costs one Conflict and the read it saved."""
 
     LIMIT = 65536
+    said_forbidden = False  # a turn refused for want of Leases: logged once per process
     lock = _thread.allocate_lock()
     entries: OrderedDict[tuple[str, str, str], Reservation] = OrderedDict()
 
@@ -301,6 +381,33 @@ def _version_of(meta: dict[str, Any], what: str) -> str:
     if not version:
         raise StoreUnavailable(f"kubernetes: {what}: the server returned no resourceVersion")
     return version
+
+
+def shared(base: Pool, notes: dict[str, Any], writer: str) -> bool:
+    """Whether pool `base` (its annotations `notes`) is written by other nodes than `writer`: it has a
+    turn, or was last written directly by another node, or holds entries without saying who wrote them
+    (upstream whereabouts', or pycni's from before the turn)."""
+    last = notes.get(crd.WRITER_NOTE)
+    return base.shared or (bool(last) and last != writer) or (not last and bool(base.allocations))
+
+
+def _touches_notes(ops: list[dict[str, Any]]) -> bool:
+    """Whether a patch changes the pool's owners notes (extras of entries on a store without
+    reservations): such writes keep to the budget of their own read and are not combined."""
+    return any(str(op.get("path", "")).startswith("/metadata/annotations/pycni.io~1o-") for op in ops)
+
+
+def _writer_ops(ops: list[dict[str, Any]], notes: dict[str, Any], writer: str) -> list[dict[str, Any]]:
+    """The operations that record `writer` as the pool's last direct writer (ipam.store.kube `shared`)."""
+    for op in ops:
+        if op.get("path") == "/metadata/annotations" and op.get("op") == "add":  # the map made by ops
+            op["value"] = {**op["value"], crd.WRITER_NOTE: writer}
+            return []
+    if not notes:
+        value = {**MARKER, crd.WRITER_NOTE: writer}
+        return [{"op": "test", "path": "/metadata/annotations", "value": None},
+                {"op": "add", "path": "/metadata/annotations", "value": value}]
+    return [{"op": "add", "path": _pointer("metadata", "annotations", crd.WRITER_NOTE), "value": writer}]
 
 
 def _pointer(*parts: str) -> str:
