@@ -118,7 +118,7 @@ class AgentExporter(Exporter):
                                    ["store", "command", "code"], registry=reg)
         self.retries = Counter("pycni_ipam_retries_total",
                                "Store operations attempted again, by reason (conflict: a compare-and-swap "
-                               "write lost; busy, unavailable: the store; again: a candidate taken).",
+                               "write lost; busy, unavailable: the store).",
                                ["store", "reason"], registry=reg)
         self.watch_events = Counter("pycni_podwatch_events_total",
                                     "Events of the watch on this node's pods, by type (GONE: a 410, listed "
