@@ -23,6 +23,8 @@ from prometheus_client import (
     disable_created_metrics,
     start_http_server,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from cni import metrics
 from cni.errors import CODES
@@ -118,7 +120,7 @@ class AgentExporter(Exporter):
                                    ["store", "command", "code"], registry=reg)
         self.retries = Counter("pycni_ipam_retries_total",
                                "Store operations attempted again, by reason (conflict: a compare-and-swap "
-                               "write lost; busy, unavailable: the store; again: a candidate taken).",
+                               "write lost; busy, unavailable: the store).",
                                ["store", "reason"], registry=reg)
         self.watch_events = Counter("pycni_podwatch_events_total",
                                     "Events of the watch on this node's pods, by type (GONE: a 410, listed "
@@ -135,6 +137,8 @@ class AgentExporter(Exporter):
         self.watch_freed = Counter("pycni_podwatch_freed_total",
                                    "Allocations and reservations of deleted pods freed by the pod watch.",
                                    registry=reg)
+        self.watch_state = WatchUp()
+        reg.register(self.watch_state)
 
     def attach(self, plugin: str, command: str, seconds: float, code: int) -> None:
         p, c = plugin_label(plugin), command_label(command)
@@ -170,6 +174,29 @@ class AgentExporter(Exporter):
         if not ok:
             self.watch_failed.inc()
         self.watch_freed.inc(freed)
+
+    def watch_up(self, up: bool | None) -> None:
+        self.watch_state.up = up
+
+
+class WatchUp(Collector):
+    """`pycni_podwatch_up`: 1 while the pod watch works, 0 while it is wanted and does not (no flat file
+    yet, the API server out of reach, credentials refused, a thread restarting); no sample while it is
+    off by configuration (no NODENAME, --pod-watch=off, a store other than Kubernetes), so that an alert
+    on 0 fires only where a watch should run."""
+
+    NAME = "pycni_podwatch_up"
+    HELP = "Whether the pod watch works: 1 up, 0 down (absent when it is off by configuration)."
+
+    def __init__(self) -> None:
+        self.up: bool | None = None
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily(self.NAME, self.HELP)]
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        up = self.up
+        return [] if up is None else [GaugeMetricFamily(self.NAME, self.HELP, value=1.0 if up else 0.0)]
 
 
 class ReconcilerExporter(Exporter):

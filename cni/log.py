@@ -82,7 +82,7 @@ def own_settings[T](fn: Callable[..., T], *args: Any) -> T:
 
 def use_stderr(fd: int) -> None:
     """Send this context's log lines (and `raw` output) to `fd` instead of fd 2 (the agent: the
-    caller's stderr, passed over the socket)."""
+    caller's stderr, opened through /proc/<pid>/fd/2)."""
     _STATE.set(replace(_STATE.get(), fds=(fd,), file=None))
 
 

@@ -57,6 +57,9 @@ class Sink:
     def watch_swept(self, seconds: float, ok: bool, freed: int) -> None:
         """One sweep of the pod watch: entries and reservations of deleted pods freed."""
 
+    def watch_up(self, up: bool | None) -> None:
+        """The pod watch is up (True), down (False: wanted, not working), or off by configuration (None)."""
+
 
 _NULL = Sink()
 

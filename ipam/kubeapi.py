@@ -29,7 +29,7 @@ from ipam.tls import Context, client_context, skip_verify
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from typing import Any
 
 DEFAULT_NAMESPACE = "kube-system"  # upstream whereabouts' default (wbNamespaceFromCtx)
@@ -304,11 +304,14 @@ class Client:
             raise ApiError(status, "BadResponse", f"{method} {path}: expected a JSON object")
         return doc
 
-    def watch(self, path: str, query: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    def watch(self, path: str, query: dict[str, Any] | None = None,
+              opened: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:  # fmt: skip
         """A watch (`watch=1` added to `query`): its events ({"type", "object"}) as they come, until the
         server ends the answer. ApiError for an error status (410 Gone: a resourceVersion too old),
         Unreachable when the connection fails or a read waits longer than the read timeout (set it
-        above the watch's timeoutSeconds). A 401 re-reads the credentials once, as `request`."""
+        above the watch's timeoutSeconds). A 401 re-reads the credentials once, as `request`. `opened`
+        is called once the server accepted the watch (before its first event, which may be minutes
+        away on a quiet node)."""
         target = self.target(path, {**(query or {}), "watch": "1"})
         for attempt in (0, 1):
             try:
@@ -320,6 +323,8 @@ class Client:
                 if status >= 400:
                     data = b"".join(lines)
                     raise _error(status, _decoded(data, f"GET {path}"), data)
+                if opened is not None:
+                    opened()
                 for line in lines:
                     event = jsonio.loads(line, f"watch {path}")
                     if isinstance(event, dict):

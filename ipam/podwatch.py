@@ -17,10 +17,18 @@ leader election and no cluster-wide pod cache.
   judged by GET: deletions missed while the agent was down are freed then. The periodic reconciler
   stays the safety net (a watch that cannot be opened, a failed sweep, entries of other nodes).
 
+- **Never dead, never unbounded**: each thread's loop runs again after any exception that escapes it
+  (backoff doubling from 0.5 s to 30 s); the watcher lists again then (the event it was handling may be
+  lost), the sweeper sweeps the job it had in hand. At most QUEUE jobs wait for the sweeper: a deletion
+  that finds the queue full is left in the watch's known pods and caught by one relist once the queue
+  has room (the sweeper takes everything queued at once).
+- **Health** (ipam/watchhealth.py): the gauge pycni_podwatch_up and one line per change of state.
+
 Failures are logged and counted, never raised into plugin calls (their own threads)."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -28,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni import log, metrics
+from cni import faults, log, metrics
 from cni.errors import CniError
 from ipam import rbac
 from ipam.kubeapi import ApiError, Client, Unreachable
@@ -36,6 +44,7 @@ from ipam.model import Allocation
 from ipam.podsource import PodSource
 from ipam.reconciler import Reconciler, Report
 from ipam.store.base import Store
+from ipam.watchhealth import Health
 
 type PodKey = tuple[str, str]  # (namespace, name)
 
@@ -44,6 +53,8 @@ READ_SLACK = 30.0  # a read waits this much longer than the watch lasts: then th
 BACKOFF = (0.5, 30.0)  # first and longest wait before the watch is opened again after a failure
 PODS = "/api/v1/pods"  # every namespace, filtered by node (fieldSelector)
 SWEEP_TRIES = 3  # a sweep that fails (store unreachable) is tried again this often; then the reconciler
+QUEUE = 256  # jobs waiting for the sweeper at most (one per deletion; the sweeper takes them all at once)
+PUT_WAIT = 1.0  # seconds a watcher waiting for room in the queue sleeps between looks at `stop`
 
 
 class ScopedReconciler(Reconciler):
@@ -88,15 +99,23 @@ class Job:
 
 
 class PodWatch:
-    """The watch (`run_watch`) and the sweeper (`run_sweeper`), one thread each (`start`)."""
+    """The watch (`run_watch`) and the sweeper (`run_sweeper`), one thread each (`start`), each run again
+    after any exception (`_keep`). Fault points (cni/faults.py, docs/testing.md): podwatch-list (a LIST
+    answered), podwatch-event (an event read), podwatch-take (a job in the sweeper's hand),
+    podwatch-sweep (a sweep starting)."""
 
     def __init__(self, client: Client, node: str, store: Store, pods: PodSource,
                  timeout: int = WATCH_TIMEOUT, backoff: tuple[float, float] = BACKOFF,
                  on_report: Callable[[Job, Report], None] = lambda job, report: None,
-                 say: Callable[[str], None] = lambda line: log.warning("%s", line)) -> None:  # fmt: skip
+                 say: Callable[[str], None] = lambda line: log.warning("%s", line),
+                 health: Health | None = None, store_label: str = "kubernetes",
+                 queue_size: int = QUEUE) -> None:  # fmt: skip
         self.client, self.node, self.store, self.pods, self.say = client, node, store, pods, say
         self.timeout, self.backoff, self.on_report = timeout, backoff, on_report
-        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.health = health or Health(say, starting=())
+        self.store_label = store_label  # what its sweeps' retries and conflicts are counted under
+        self.jobs: queue.Queue[Job | None] = queue.Queue(queue_size)
+        self.held: Job | None = None  # the job the sweeper has in hand (swept first after a restart)
         self.stop = threading.Event()
         self.known: dict[PodKey, str] | None = None  # the node's pods as last seen (key -> uid)
         self.version = ""  # the resourceVersion to resume from ("" : list first)
@@ -114,14 +133,18 @@ class PodWatch:
         doc = self.client.request("GET", PODS, query={"fieldSelector": f"spec.nodeName={self.node}"})
         metrics.sink().watch_request("list")
         self.lists += 1
+        faults.point("podwatch-list")
         listed = {_key(item): _uid(item) for item in doc.get("items") or [] if isinstance(item, dict)}
+        job = None
         if self.known is None:
-            self.jobs.put(Job(listed=dict(listed)))
+            job = Job(listed=dict(listed))
         else:
             gone = {k: {uid} for k, uid in self.known.items() if listed.get(k) != uid}
             if gone:
                 self.say(f"pod watch: {len(gone)} pods of node {self.node} went while it was not watching")
-                self.jobs.put(Job(gone=gone))
+                job = Job(gone=gone)
+        if job is not None and not self._put(job):
+            return  # stopping
         self.known = listed
         self.version = str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -130,10 +153,14 @@ class PodWatch:
                  "allowWatchBookmarks": "true", "timeoutSeconds": self.timeout}  # fmt: skip
         rbac.require(rbac.NODE, "", "pods", "watch")
         metrics.sink().watch_request("watch")
-        return self.client.watch(PODS, query)
+        return self.client.watch(PODS, query, opened=self._watching)
+
+    def _watching(self) -> None:
+        self.health.up("watch", f"pod watch up: the pods of node {self.node} listed and watched")
 
     def handle(self, event: dict[str, Any]) -> bool:
-        """One watch event; False when the watch must be listed again (410 Gone)."""
+        """One watch event; False when the watch must be listed again (410 Gone, the queue full)."""
+        faults.point("podwatch-event")
         kind, obj = str(event.get("type") or ""), event.get("object") or {}
         metrics.sink().watch_event(kind)
         if kind == "ERROR":
@@ -150,8 +177,14 @@ class PodWatch:
             return True
         key, uid = _key(obj), _uid(obj)
         if kind == "DELETED":
+            try:
+                self.jobs.put_nowait(Job(gone={key: {uid}}))
+            except queue.Full:  # the sweeper is behind: the pod stays known, and one relist finds it gone
+                self.say(f"pod watch: {self.jobs.maxsize} sweeps queued; node {self.node}'s pods are listed "
+                         "again once the sweeper has room")
+                self.version = ""
+                return False
             self.known.pop(key, None)
-            self.jobs.put(Job(gone={key: {uid}}))
         elif kind in ("ADDED", "MODIFIED"):
             self.known[key] = uid
         return True
@@ -177,24 +210,45 @@ class PodWatch:
                     metrics.sink().watch_event("GONE")
                     continue
                 if e.status in (401, 403):
-                    self._failed(e, 0.0)
+                    self._failed(e, 0.0, "its credentials were refused")
                     self.refused.set()
                     return
                 self._failed(e, delay)
             except (Unreachable, CniError, OSError, ValueError) as e:
                 self._failed(e, delay)
+            except Exception as e:  # anything else (a bug, an event not as expected): it may have cost an
+                self.version = ""  # event, so the pods are listed again
+                self._failed(e, delay, trace=True)
             if self.stop.wait(delay):
                 return
             delay = min(delay * 2, self.backoff[1])
 
-    def _failed(self, e: Exception, delay: float) -> None:
-        if not self.stop.is_set():  # closing ends the watch's read: not worth a line
-            log.warning("pod watch on node %s: %s (again in %.1f s)", self.node, e, delay)
+    def _failed(self, e: Exception, delay: float, why: str = "", trace: bool = False) -> None:
+        """Said once while the watch stays down (ipam/watchhealth.py); each retry only at debug level."""
+        if self.stop.is_set():  # closing ends the watch's read: not worth a line
+            return
+        why = why or f"again in {delay:.1f} s, then with backoff up to {self.backoff[1]:g} s"
+        if self.health.down("watch", f"the watch of node {self.node}'s pods failed: {e!r}; {why}"):
+            if trace:
+                log.error("pod watch: %s", log.traceback_text())
+        else:
+            log.debug("pod watch on node %s: %s (again in %.1f s)", self.node, e, delay)
 
     # the sweeper
 
+    def _put(self, job: Job) -> bool:
+        """Queue `job`, waiting while the queue is full (the sweeper is behind); False when stopping."""
+        while not self.stop.is_set():
+            try:
+                self.jobs.put(job, timeout=PUT_WAIT)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def take(self, block: bool = True) -> Job | None:
-        """Every job queued so far as one (waits for the first when `block`); None when stopping."""
+        """Every job queued so far as one (waits for the first when `block`); None when stopping, or
+        when nothing is queued and not `block`."""
         try:
             first = self.jobs.get(block=block)
         except queue.Empty:
@@ -207,12 +261,14 @@ class PodWatch:
             except queue.Empty:
                 return first
             if more is None:
-                self.jobs.put(None)
+                with contextlib.suppress(queue.Full):  # full: `stop` is set, the sweeper sees it
+                    self.jobs.put_nowait(None)
                 return first
             first.merge(more)
 
     def sweep(self, job: Job) -> Report:
         """One reconciler pass over the pods of `job` (ScopedReconciler)."""
+        faults.point("podwatch-sweep")
         gone = {k: frozenset(v) for k, v in job.gone.items()}
         started = time.monotonic()
         report = ScopedReconciler(self.store, self.pods, gone, self.node, job.listed).run()
@@ -226,28 +282,76 @@ class PodWatch:
         return report
 
     def run_sweeper(self) -> None:
-        while (job := self.take()) is not None:
+        while not self.stop.is_set():
+            if self.held is None:
+                self.health.up("sweep")  # waiting for work: the sweeper runs
+            more = self.take(block=self.held is None)
+            if more is not None and self.held is not None:
+                self.held.merge(more)  # run again after a failure: the job it had in hand, and the rest
+            elif more is not None:
+                self.held = more
+            elif self.held is None:
+                return  # stopping
+            job = self.held
+            faults.point("podwatch-take")
             for attempt in range(SWEEP_TRIES):
                 try:
                     self.on_report(job, self.sweep(job))
                     break
-                except CniError as e:
+                except Exception as e:  # the store out of reach (CniError), or anything else
                     metrics.sink().watch_swept(0.0, False, 0)
+                    if not isinstance(e, CniError):
+                        log.error("pod watch: %s", log.traceback_text())
                     log.warning("pod watch: sweep failed (%s); %s", e,
                                 "again" if attempt + 1 < SWEEP_TRIES else "left to the reconciler")
                     if self.stop.wait(self.backoff[0] * 2**attempt):
                         return
+            self.held = None
+            self.health.up("sweep")
+
+    def _keep(self, part: str, body: Callable[[], None], recover: Callable[[], None]) -> None:
+        """Run `body` (a thread's loop) until it returns; after any exception that escapes it: said once
+        (ipam/watchhealth.py, with the traceback), a wait (backoff doubling from the first to the longest,
+        back to the first when the part had worked again since), `recover`, and `body` again. What the
+        thread counts is labelled with the watch's store (cni.metrics STORE: a thread starts without)."""
+        label = metrics.STORE.set(self.store_label)
+        delay = self.backoff[0]
+        try:
+            while not self.stop.is_set():
+                try:
+                    body()
+                    return
+                except Exception as e:
+                    if self.stop.is_set():
+                        return
+                    if self.health.is_up(part):
+                        delay = self.backoff[0]
+                    if self.health.down(part, f"its {part} thread failed ({e!r}); run again with backoff"):
+                        log.error("pod watch: %s", log.traceback_text())
+                    if self.stop.wait(delay):
+                        return
+                    delay = min(delay * 2, self.backoff[1])
+                    recover()
+        finally:
+            metrics.STORE.reset(label)
+
+    def _list_next(self) -> None:
+        self.version = ""  # the watcher failed mid-event: list again (a relist finds what it missed)
 
     def start(self) -> None:
-        for target, name in ((self.run_watch, "pod-watch"), (self.run_sweeper, "pod-sweep")):
-            t = threading.Thread(target=target, name=name, daemon=True)
+        self.health.starting("watch", "sweep")
+        for part, body, recover in (("watch", self.run_watch, self._list_next),
+                                    ("sweep", self.run_sweeper, lambda: None)):  # fmt: skip
+            t = threading.Thread(target=self._keep, args=(part, body, recover), name=f"pod-{part}",
+                                 daemon=True)
             t.start()
             self._threads.append(t)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop both threads (the watch's connection is closed to end its read)."""
         self.stop.set()
-        self.jobs.put(None)
+        with contextlib.suppress(queue.Full):  # full: the sweeper is not waiting, it sees `stop`
+            self.jobs.put_nowait(None)
         self.client.http.interrupt()
         for t in self._threads:
             t.join(timeout)
@@ -280,7 +384,8 @@ class NotKubernetes(Exception):
 
 
 def open_pod_watch(node: str, configuration_path: str = "",
-                   say: Callable[[str], None] = lambda line: log.warning("%s", line)) -> PodWatch:
+                   say: Callable[[str], None] = lambda line: log.warning("%s", line),
+                   health: Health | None = None) -> PodWatch:  # fmt: skip
     """The watch of `node`'s pods over the store of the node's flat file (found as the plugin finds it;
     `configuration_path`: the flat file, or its directory). ConfigError when there is none yet;
     NotKubernetes for another store."""
@@ -296,4 +401,4 @@ def open_pod_watch(node: str, configuration_path: str = "",
     store = KubeStore(CountedClient(kube), kube.namespace, role=rbac.NODE)
     pods = KubePodSource(CountedClient(kube), role=rbac.NODE)
     watch = Client(kube, timeout=(3.0, WATCH_TIMEOUT + READ_SLACK))
-    return PodWatch(watch, node, store, pods, say=say)
+    return PodWatch(watch, node, store, pods, say=say, health=health, store_label=conf.datastore)

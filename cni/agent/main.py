@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cni.agent.client import DEFAULT_FIFO
@@ -94,13 +95,15 @@ def serve_metrics(where: tuple[str, int] | None, build: str, every: float = BIND
 
 
 def start_pod_watch(spec: str, env: dict[str, str] | os._Environ[str] = os.environ,
-                    every: float = WATCH_RETRY) -> threading.Event | None:  # fmt: skip
+                    every: float = WATCH_RETRY,
+                    open_watch: Callable[..., Any] | None = None) -> threading.Event | None:  # fmt: skip
     """Start the pod watch (ipam.podwatch) in the background, unless `spec` is off or no NODENAME is set
     (auto). Until the flat file names a store (the installer writes it next to us) it is looked for
     every `every` seconds; a store other than Kubernetes ends it (logged: the reconciler frees then). A
     watch whose credentials the server refuses is opened again from the flat file (the kubeconfig it
-    names may have changed since). The event stops it. It never holds up or fails a plugin call: its
-    own threads, its own clients."""
+    names may have changed since). While it is down, the gauge pycni_podwatch_up says 0 and one warning
+    says why (ipam/watchhealth.py). The event stops it. It never holds up or fails a plugin call: its
+    own threads, its own clients. `open_watch`: ipam.podwatch.open_pod_watch, or a test's stand-in."""
     from cni.agent.server import say
 
     node = env.get("NODENAME", "")
@@ -110,36 +113,51 @@ def start_pod_watch(spec: str, env: dict[str, str] | os._Environ[str] = os.envir
     if not node:
         say("pod watch off: NODENAME is not set")
         return None
+    from ipam.watchhealth import Health
+
     path = "" if spec == "auto" else spec
     stop = threading.Event()
+    health = Health(say)  # down (0) until the watch lists and watches
 
-    def opener() -> None:
+    def open_once() -> bool:
+        """Open the watch and run it until it is refused or stopped; False when it is over for good."""
         from cni.errors import ConfigError
-        from ipam.podwatch import NotKubernetes, open_pod_watch
+        from ipam import podwatch
 
-        told = False
-        while not stop.is_set():
-            try:
-                watch = open_pod_watch(node, path, say)
-            except NotKubernetes as e:
-                say(f"pod watch off: the node's store is {e}, not kubernetes (the reconciler frees)")
-                return
-            except Exception as e:  # no flat file yet, a kubeconfig that cannot be used yet: again later
-                if not told:
-                    why = e.msg if isinstance(e, ConfigError) else str(e) or type(e).__name__
-                    say(f"pod watch: not started ({why}); trying again every {every:g} s")
-                    told = True
-                stop.wait(every)
-                continue
-            say(f"pod watch on node {node}")
-            watch.start()
+        try:
+            watch = (open_watch or podwatch.open_pod_watch)(node, path, say, health)
+        except podwatch.NotKubernetes as e:
+            health.off(f"the node's store is {e}, not kubernetes (the reconciler frees)")
+            return False
+        except Exception as e:  # no flat file yet, a kubeconfig that cannot be used yet: again later
+            why = e.msg if isinstance(e, ConfigError) else str(e) or type(e).__name__
+            health.down("open", f"not started ({why}); trying again every {every:g} s")
+            return not stop.wait(every)
+        say(f"pod watch on node {node}")
+        try:
+            watch.start()  # its parts (watch, sweep) starting: up once they run, not before
+            health.up("open", f"pod watch up: the pods of node {node} listed and watched")
             while not stop.wait(every) and not watch.refused.is_set():
                 pass
+        finally:
             watch.close()
-            if stop.is_set():
-                return
-            say("pod watch: its credentials were refused; opened again from the flat file")
-            told = False
+        if stop.is_set():
+            return False
+        health.starting("open")  # refused (said by the watch): opened again from the flat file
+        return True
+
+    def opener() -> None:
+        """Never ends by an exception: whatever escapes is said, and the watch opened again."""
+        while not stop.is_set():
+            try:
+                if not open_once():
+                    return
+            except Exception as e:
+                if health.down("open", f"the opener failed ({e!r}); trying again every {every:g} s"):
+                    from cni import log
+
+                    say(log.traceback_text())
+                stop.wait(every)
 
     threading.Thread(target=opener, name="pod-watch-open", daemon=True).start()
     return stop

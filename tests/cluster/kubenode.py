@@ -1,7 +1,8 @@
 """A real single-node cluster for the cluster suite (../shared/upstream/kube-node-up: kube-apiserver,
 scheduler, controller-manager, kubelet, containerd + runc, Multus thin plugin, kube-proxy) and pycni
 installed on it as an operator does: the image built offline and imported into the node's containerd
-(no registry), then `kubectl apply -k` of bundler/manifests through the overlay of `overlay()`.
+(no registry), then `kubectl apply -k` of docs/install.md's overlay for a node with other CNI directories,
+under the suite's own layer (`write_overlay`).
 
 One cluster per session. `KUBE_PROXY=1` (the `kubernetes` Service, which the installer's kubeconfig and
 the reconciler's in-cluster client use) allows one cluster per host, and two CI runs may share this
@@ -241,20 +242,13 @@ def image_archive(tag: str, work: Path, version_suffix: str = "") -> Path:
         shutil.rmtree(work / "layout", ignore_errors=True)
 
 
-# What the overlay changes, and why (tests/cluster/test_install.py checks the rendered result differs from
-# bundler/manifests by exactly these paths). Index paths are checked against the names they stand for.
-def overlay_changes(cluster: Cluster, tag: str) -> list[tuple[str, str, Any, str]]:
+# What the suite's own layer over the documented overlay changes, and why (tests/cluster/test_install.py
+# checks the rendered result differs from the documented overlay's by exactly these paths). Index paths
+# are checked against the names they stand for.
+def overlay_changes(cluster: Cluster) -> list[tuple[str, str, Any, str]]:
     """(op, JSON-patch path into the DaemonSet, value, why)."""
     spec = "/spec/template/spec"
-    conf, binary = str(cluster.cni_conf_dir), str(cluster.cni_bin_dir)
     return [
-        ("replace", f"{spec}/volumes/0/hostPath/path", binary,
-         "cni-bin: containerd's bin_dir on this node is $CNI_BIN_DIR, not /opt/cni/bin"),
-        ("replace", f"{spec}/volumes/1/hostPath/path", conf,
-         "cni-conf: containerd's conf_dir on this node is $CNI_CONF_DIR, not /etc/cni/net.d"),
-        ("add", f"{spec}/containers/0/command/-", f"--host-cni-conf-dir={conf}",
-         "the installer writes host paths into the flat file and kubeconfig: the conf dir as the host "
-         "has it"),
         ("replace", f"{spec}/volumes/2/hostPath/path", str(cluster.agent_fifo_dir),
          "agent-fifo: the test's own directory (never the host's /run/pycni; the node's runtime has "
          "PYCNI_AGENT_FIFO pointing there)"),
@@ -264,46 +258,40 @@ def overlay_changes(cluster: Cluster, tag: str) -> list[tuple[str, str, Any, str
         ("replace", f"{spec}/volumes/6/hostPath/path", str(cluster.devinfo_dir),
          "devinfo: the test's own directory (never the host's /var/run/k8s.cni.cncf.io/devinfo, which "
          "the kubelet would create)"),
-        ("replace", f"{spec}/containers/1/volumeMounts/2/mountPath", binary,
-         "the agent sees host paths at the same paths: the bin dir where this node has it"),
-        ("replace", f"{spec}/containers/1/volumeMounts/3/mountPath", conf,
-         "the agent sees host paths at the same paths: the conf dir (flat file, kubeconfig, token)"),
         ("replace", f"{spec}/containers/1/volumeMounts/4/mountPath", str(cluster.state_dir),
          "the agent sees host paths at the same paths: the state dir"),
-        ("add", f"{spec}/containers/1/command/-", f"--pod-watch={conf}/whereabouts.d/whereabouts.conf",
-         "the agent's pod watch reads the flat file where this node's conf dir is (not at the default "
-         "/etc/cni/net.d, where it would look by itself)"),
     ]
 
 
 EXPECTED_NAMES = {  # what each index of overlay_changes must name in the shipped DaemonSet
-    "/spec/template/spec/volumes/0": "cni-bin", "/spec/template/spec/volumes/1": "cni-conf",
     "/spec/template/spec/volumes/2": "agent-fifo", "/spec/template/spec/volumes/4": "cni-state",
-    "/spec/template/spec/volumes/6": "devinfo",
-    "/spec/template/spec/containers/0": "installer", "/spec/template/spec/containers/1": "agent",
-    "/spec/template/spec/containers/1/volumeMounts/2": "cni-bin",
-    "/spec/template/spec/containers/1/volumeMounts/3": "cni-conf",
+    "/spec/template/spec/volumes/6": "devinfo", "/spec/template/spec/containers/1": "agent",
     "/spec/template/spec/containers/1/volumeMounts/4": "cni-state",
 }
 
 
 def write_overlay(cluster: Cluster, tag: str, where: Path) -> Path:
-    """A kustomize overlay on bundler/manifests: `images:` (the registry name and tag, as a user points
-    the manifests at a registry) and the DaemonSet patch of overlay_changes, each change commented."""
-    where.mkdir(parents=True, exist_ok=True)
-    name, _, version = tag.rpartition(":")
-    patch = [{"op": op, "path": path, "value": value} for op, path, value, _ in overlay_changes(cluster, tag)]
-    why = "\n".join(f"#  {path}: {reason}" for _, path, _, reason in overlay_changes(cluster, tag))
+    """pycni's install as docs/install.md shows it for a node whose CNI directories are not the defaults
+    (tests/docoverlay.py: `where`/my-overlay, the page's two files, this node's directories in
+    cni-dirs.yaml), under a layer of the suite's own (`where`/kustomization.yaml): the image (the
+    registry name and tag the suite imported) and the DaemonSet patch of overlay_changes, each change
+    commented."""
+    from tests import docoverlay
 
+    documented = docoverlay.write(where, str(cluster.cni_bin_dir), str(cluster.cni_conf_dir))
+    shown_image = yaml.safe_load(docoverlay.blocks()["kustomization.yaml"])["images"][0]["newName"]
+    name, _, version = tag.rpartition(":")
+    patch = [{"op": op, "path": path, "value": value} for op, path, value, _ in overlay_changes(cluster)]
+    why = "\n".join(f"#  {path}: {reason}" for _, path, _, reason in overlay_changes(cluster))
     kust = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [os.path.relpath(MANIFESTS, where)],
-        "images": [{"name": "pycni", "newName": name, "newTag": version}],
+        "resources": [documented.name],
+        "images": [{"name": shown_image, "newName": name, "newTag": version}],
         "patches": [{"target": {"kind": "DaemonSet", "name": "pycni-node"}, "patch": json.dumps(patch)}],
     }
     (where / "kustomization.yaml").write_text(
-        "# the test node's overlay (tests/cluster/kubenode.py); the image comes from a registry name\n"
-        + why + "\n" + yaml.safe_dump(kust, sort_keys=False))
+        "# the test node's layer over docs/install.md's overlay (tests/cluster/kubenode.py): the image the\n"
+        "# suite imported, and\n" + why + "\n" + yaml.safe_dump(kust, sort_keys=False))
     return where
 
 

@@ -31,37 +31,57 @@ def key(doc: dict[str, Any]) -> str:
     return f"{doc['kind']}/{doc['metadata'].get('namespace', '')}/{doc['metadata']['name']}"
 
 
+DS, CM = "DaemonSet/pycni-system/pycni-node", "ConfigMap/pycni-system/pycni-node"
+WORKLOADS = (DS, "Deployment/pycni-system/pycni-reconciler")
+
+
+def at(doc: Any, path: str) -> Any:
+    for part in path.strip("/").split("/"):
+        doc = doc[int(part)] if isinstance(doc, list) else doc[part]
+    return doc
+
+
+def image_paths(docs: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(k, f"/spec/template/spec/containers/{i}/image")
+            for k in WORKLOADS for i, _ in enumerate(docs[k]["spec"]["template"]["spec"]["containers"])}
+
+
+def images(docs: dict[str, Any]) -> set[str]:
+    return {c["image"] for k in WORKLOADS for c in docs[k]["spec"]["template"]["spec"]["containers"]}
+
+
 def test_the_overlay_changes_exactly_what_it_lists(installed: Installed) -> None:
+    """docs/install.md's overlay (this node's directories in its cni-dirs.yaml) changes the ConfigMap's
+    two values, the four host paths that follow them and the image, nothing else, and everything that
+    names a CNI directory then agrees (tests/unit/test_manifests.py node_dirs); the suite's own layer
+    over it changes exactly what overlay_changes lists, and the image."""
     node = installed.cluster
     shipped = {key(d): d for d in kubenode.render(node, kubenode.MANIFESTS)}
+    documented_docs = kubenode.render(node, installed.overlay / "my-overlay")
+    documented = {key(d): d for d in documented_docs}
     ours = {key(d): d for d in kubenode.render(node, installed.overlay)}
-    assert shipped.keys() == ours.keys()
-    ds = shipped["DaemonSet/pycni-system/pycni-node"]
+    assert shipped.keys() == documented.keys() == ours.keys()
+    spec = shipped[DS]["spec"]["template"]["spec"]
+    volumes = {v["name"]: i for i, v in enumerate(spec["volumes"])}
+    agent = next(i for i, c in enumerate(spec["containers"]) if c["name"] == "agent")
+    mounts = {m["name"]: j for j, m in enumerate(spec["containers"][agent]["volumeMounts"])}
+    host_paths = {f"/spec/template/spec/volumes/{volumes[n]}/hostPath/path" for n in ("cni-bin", "cni-conf")}
+    host_paths |= {f"/spec/template/spec/containers/{agent}/volumeMounts/{mounts[n]}/mountPath"
+                   for n in ("cni-bin", "cni-conf")}
+    want = {(CM, "/data/cni-bin-dir"), (CM, "/data/cni-conf-dir")} | {(DS, p) for p in host_paths}
+    got = {(k, p) for k in shipped for p in differences(shipped[k], documented[k])}
+    assert got == want | image_paths(shipped)
+    assert tm.node_dirs(documented_docs) == {"bin": str(node.cni_bin_dir), "conf": str(node.cni_conf_dir)}
+
+    ds = shipped[DS]
     for path, name in kubenode.EXPECTED_NAMES.items():  # each index names what the change says it does
-        at: Any = ds
-        for part in path.strip("/").split("/"):
-            at = at[int(part)] if isinstance(at, list) else at[part]
-        assert at["name"] == name, (path, at["name"])
-    expected = set()
-    for op, path, _, why in kubenode.overlay_changes(node, installed.tag):
-        assert why
-        if op == "add" and path.endswith("/-"):
-            at = ds
-            for part in path.strip("/").split("/")[:-1]:
-                at = at[int(part)] if isinstance(at, list) else at[part]
-            expected.add(("DaemonSet/pycni-system/pycni-node", f"{path[:-2]}/{len(at)}"))
-        else:
-            expected.add(("DaemonSet/pycni-system/pycni-node", path))
-    workloads = ("DaemonSet/pycni-system/pycni-node", "Deployment/pycni-system/pycni-reconciler")
-    for k in workloads:
-        for i, _ in enumerate(shipped[k]["spec"]["template"]["spec"]["containers"]):
-            expected.add((k, f"/spec/template/spec/containers/{i}/image"))
-    got = {(k, p) for k in shipped for p in differences(shipped[k], ours[k])}
-    assert got == expected
-
-    def images(docs: dict[str, Any]) -> set[str]:
-        return {c["image"] for k in workloads for c in docs[k]["spec"]["template"]["spec"]["containers"]}
-
+        assert at(ds, path)["name"] == name, (path, at(ds, path)["name"])
+    want = set()
+    for op, path, _, why in kubenode.overlay_changes(node):
+        assert why and op == "replace"
+        want.add((DS, path))
+    got = {(k, p) for k in documented for p in differences(documented[k], ours[k])}
+    assert got == want | image_paths(shipped)
     assert images(shipped) == {tm.container("DaemonSet")["image"]}  # pycni:<version>: docker.io/library
     assert images(ours) == {installed.tag}
 

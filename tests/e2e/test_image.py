@@ -50,17 +50,16 @@ NODE, NAMESPACE = "node-image-test", "pycni-system"  # the downward API values t
 FIELDS = {"spec.nodeName": NODE, "metadata.namespace": NAMESPACE, "status.podIP": "127.0.0.1"}
 
 
+def container_env(c: dict[str, Any]) -> dict[str, str]:
+    """The container's environment as the kubelet gives it: the downward API's FIELDS, the ConfigMaps of
+    the manifests as shipped (the node's CNI directories: pycni-node)."""
+    return tm.env_of(c, tm.docs(), **FIELDS)
+
+
 def expand(args: list[str], c: dict[str, Any]) -> list[str]:
     """The container's args with $(VAR) references to its env expanded, as the kubelet does."""
-    env = {e["name"]: FIELDS[e["valueFrom"]["fieldRef"]["fieldPath"]] if "valueFrom" in e else e["value"]
-           for e in c.get("env", [])}  # fmt: skip
-    out = []
-    for arg in args:
-        text = arg
-        for name, value in env.items():
-            text = text.replace(f"$({name})", value)
-        out.append(text)
-    return out
+    env = container_env(c)
+    return [tm.expand(arg, env) for arg in args]
 START_TIMEOUT = 120.0  # a container start plus an install pass on a loaded 2-core machine
 
 
@@ -172,9 +171,8 @@ def run_options(spec: dict[str, Any], c: dict[str, Any], host: Callable[[str], P
         opts += ["--cap-drop", cap]
     if "runAsUser" in sc:
         opts += ["--user", f"{sc['runAsUser']}:{sc.get('runAsGroup', sc['runAsUser'])}"]
-    for e in c.get("env", []):
-        value = FIELDS[e["valueFrom"]["fieldRef"]["fieldPath"]] if "valueFrom" in e else e["value"]
-        opts += ["--env", f"{e['name']}={value}"]
+    for name, value in container_env(c).items():
+        opts += ["--env", f"{name}={value}"]
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
     for m in c.get("volumeMounts", []):
         v = volumes[m["name"]]
@@ -299,7 +297,7 @@ def test_installer_container_installs_upgrades_under_load_and_uninstalls(images:
     def start(built: image.Built) -> str:
         name = f"{RUN}-installer-{built.tag.rsplit(':', 1)[1]}"
         pm.ok("run", "--detach", "--name", name, *opts, "--entrypoint", c["command"][0], built.tag,
-              *c["command"][1:])
+              *expand(c["command"][1:], c))
         wait_ready(pm, name, probe)
         return name
 
@@ -329,8 +327,8 @@ def test_installer_container_installs_upgrades_under_load_and_uninstalls(images:
     st = state.load(bin_dir)
     assert list(st.retired) == [v1_dir] and (bin_dir / state.HOME / v1_dir).is_dir(), "kept for --grace"
     pm.ok("stop", "--time", "10", second)
-    gone = pm("run", "--rm", *opts, "--entrypoint", c["command"][0], images.v2.tag, *c["command"][1:],
-              "--uninstall", "--once")
+    gone = pm("run", "--rm", *opts, "--entrypoint", c["command"][0], images.v2.tag,
+              *expand(c["command"][1:], c), "--uninstall", "--once")
     assert gone.returncode == 0, gone.stderr
     assert (snapshot(bin_dir), snapshot(conf_dir)) == before
 

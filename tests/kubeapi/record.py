@@ -92,11 +92,12 @@ def _install(sink: Callable[[list[Any]], None]) -> None:
     original_watch = Client.watch
 
     @functools.wraps(original_watch)
-    def watch(self: Client, path: str, query: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    def watch(self: Client, path: str, query: dict[str, Any] | None = None,
+              opened: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:  # fmt: skip
         who = account(self)
         allowed = True
         try:
-            yield from original_watch(self, path, query)
+            yield from original_watch(self, path, query, opened)
         except ApiError as e:
             allowed = e.status != 403
             raise

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cni import jsonio, metrics
+from cni import faults, jsonio, metrics
 from ipam import podwatch
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.podwatch import Job, PodWatch
@@ -27,6 +27,7 @@ from ipam.reconciler import Report
 from ipam.store.names import pool_name, reservation_name
 from tests.kubeapi.factory import open_kube
 from tests.kubeup import Tenant
+from tests.unit.ipam.test_podwatch import Once
 
 NET_A, NET_B = "198.51.100.0/24", "198.18.0.0/24"
 WAIT = 60.0  # seconds at most for a sweep the test awaits (it normally takes well under one)
@@ -301,3 +302,32 @@ def test_a_restarted_watch_frees_what_this_node_recorded_for_pods_gone_meanwhile
     assert job.listed == {(ns, "web-2"): uid} and report.freed == 2, report
     assert owners(tenant) == {pool_name(NET_A): {("6", f"{ns}/web-2"), ("7", f"{ns}/web-9")},
                               "reservations": set()}
+
+
+@pytest.mark.parametrize("point", ["podwatch-list", "podwatch-event", "podwatch-take", "podwatch-sweep"])
+def test_an_exception_at_each_point_leaves_the_watch_freeing_the_next_deletion(
+        tenant: Tenant, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    """Issue 45: the watch's threads died for good on an exception they did not expect (the sweeper's left
+    the watch filling its queue). One injected at each fault point of the pod watch (cni/faults.py): the
+    threads go on (the watcher lists again, the sweeper sweeps the job it had in hand), the deletion under
+    way when it struck is freed, and so is the next; the watch says it is up again."""
+    ns, node = tenant.namespace, node_of(tenant)
+    uids = {name: tenant.create_pod(name, node=node)["metadata"]["uid"] for name in ("a", "b", "c")}
+    seed(tenant, {NET_A: {str(i): entry(tenant, n, uids[n]) for i, n in enumerate("abc", 5)}}, {})
+    once = Once(point)
+    monkeypatch.setattr(faults, "hook", once)
+    swept = Swept()
+    w = opened(tenant, tmp_path, swept)
+    w.start()
+    try:
+        with swept.cond:  # the start-up sweep (listed, watching)
+            assert swept.cond.wait_for(lambda: bool(swept.done), WAIT)
+        tenant.delete_pod("a")
+        swept.covering(ns, "a")
+        tenant.delete_pod("b")
+        swept.covering(ns, "b")
+        until(w.health.is_up)
+    finally:
+        w.close()
+    assert once.fired.is_set(), f"{point} was never reached"
+    assert owners(tenant)[pool_name(NET_A)] == {("7", f"{ns}/c")}

@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import os
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +136,7 @@ def test_daemonset_runs_the_agent_with_the_host_paths_it_serves() -> None:
     assert [m for m in every_mount if "mountPropagation" in m] == []
     from cni.agent import client, main
 
-    args = main.parse([expand(a, {"POD_IP": "198.51.100.7"}) for a in agent["command"][1:]])
+    args = main.parse([expand(a, env_of(agent, docs())) for a in agent["command"][1:]])
     assert args.fifo == client.DEFAULT_FIFO
     assert os.path.dirname(args.fifo) in {m["mountPath"] for m in agent["volumeMounts"]}
     assert args.grace < spec["terminationGracePeriodSeconds"]
@@ -142,7 +144,7 @@ def test_daemonset_runs_the_agent_with_the_host_paths_it_serves() -> None:
 
 def test_daemonset_command_and_probe_parse_with_the_installer_cli() -> None:
     c = container("DaemonSet")
-    args = cli.parse(c["command"][1:])
+    args = cli.parse([expand(a, env_of(c, docs())) for a in c["command"][1:]])
     assert (str(args.cni_bin_dir), str(args.cni_conf_dir)) == ("/host/opt/cni/bin", "/host/etc/cni/net.d")
     assert not args.once and not args.uninstall, "long-running: verifies and repairs"
     probe = cli.parse(c["readinessProbe"]["exec"]["command"][1:])
@@ -201,6 +203,91 @@ def expand(arg: str, env: dict[str, str]) -> str:
     return arg
 
 
+def env_of(c: dict[str, Any], objects: list[dict[str, Any]], **fields: str) -> dict[str, str]:
+    """A container's environment as the kubelet gives it: ConfigMap keys read from `objects`, downward
+    API fields from `fields` (by fieldPath; a stand-in when not given)."""
+    maps = {d["metadata"]["name"]: d.get("data") or {} for d in objects if d["kind"] == "ConfigMap"}
+    out = {}
+    for e in c.get("env", []):
+        source = e.get("valueFrom", {})
+        if "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            out[e["name"]] = str(maps[ref["name"]][ref["key"]])
+        elif "fieldRef" in source:
+            out[e["name"]] = fields.get(source["fieldRef"]["fieldPath"], "198.51.100.7")
+        else:
+            out[e["name"]] = str(e["value"])
+    return out
+
+
+def downward(c: dict[str, Any]) -> dict[str, str]:
+    """A container's variables from the downward API: name -> fieldPath."""
+    return {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]
+            if "fieldRef" in e.get("valueFrom", {})}  # fmt: skip
+
+
+def node_dirs(objects: list[dict[str, Any]]) -> dict[str, str]:
+    """The CNI directories the manifests (as shipped, or as an overlay renders them) give the node, checked
+    to be one setting: the ConfigMap pycni-node's, the hostPaths of the volumes cni-bin and cni-conf, the
+    agent's mounts of them (host paths at the same paths), the conf dir the installer writes into the
+    flat file and kubeconfig (--host-cni-conf-dir), and the flat file the agent's pod watch reads
+    (--pod-watch): the one the installer writes (bundler/hostconf.py)."""
+    from bundler import hostconf
+    from cni.agent import main
+
+    setting = next(d for d in objects if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "pycni-node")
+    dirs = {"cni-bin": str(setting["data"]["cni-bin-dir"]), "cni-conf": str(setting["data"]["cni-conf-dir"])}
+    spec = next(d for d in objects if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    agent_mounts = {m["name"]: m["mountPath"] for m in containers["agent"]["volumeMounts"]}
+    for name, path in dirs.items():
+        assert volumes[name] == path, (name, volumes[name], path)
+        assert agent_mounts[name] == path, (name, agent_mounts[name], path)
+    installer = containers["installer"]
+    args = cli.parse([expand(a, env_of(installer, objects)) for a in installer["command"][1:]])
+    assert args.host_cni_conf_dir == dirs["cni-conf"], args.host_cni_conf_dir
+    conf = hostconf.HostConf(args.host_cni_conf_dir, "kubernetes", "node-1", None)
+    agent = containers["agent"]
+    watch = main.parse([expand(a, env_of(agent, objects)) for a in agent["command"][1:]]).pod_watch
+    assert watch == hostconf.host_path(conf, hostconf.FLAT), (watch, hostconf.host_path(conf, hostconf.FLAT))
+    return {"bin": dirs["cni-bin"], "conf": dirs["cni-conf"]}
+
+
+def test_the_installer_and_the_agent_take_the_conf_dir_from_one_setting() -> None:
+    """Shipped: /opt/cni/bin and /etc/cni/net.d, in the ConfigMap pycni-node, and everything that names
+    them agrees (node_dirs)."""
+    assert node_dirs(docs()) == {"bin": "/opt/cni/bin", "conf": "/etc/cni/net.d"}
+
+
+KUBECTL = shutil.which("kubectl")
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl (its kustomize renders the overlay) is not installed; "
+                                            "the cluster suite needs it too")
+@pytest.mark.parametrize("dirs", [None, ("/var/lib/rancher/cni/bin", "/var/lib/rancher/cni/net.d")],
+                         ids=["as-shown", "other-dirs"])
+def test_the_documented_overlay_moves_the_cni_dirs_everywhere_at_once(
+        tmp_path: Path, dirs: tuple[str, str] | None) -> None:
+    """docs/install.md's overlay for a node with other CNI directories (tests/docoverlay.py: its files as
+    the page shows them, the two values of cni-dirs.yaml as shown or changed), rendered by kustomize:
+    the installer, the agent's pod watch, the volumes and the agent's mounts all name the directories of
+    cni-dirs.yaml, and no host path of the DaemonSet names a default directory any more."""
+    from tests import docoverlay
+
+    want = docoverlay.shown_dirs() if dirs is None else {"bin": dirs[0], "conf": dirs[1]}
+    overlay = docoverlay.write(tmp_path, *(dirs or (None, None)))
+    assert KUBECTL is not None
+    out = subprocess.run([KUBECTL, "kustomize", str(overlay)], capture_output=True, text=True, check=False,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    objects = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert node_dirs(objects) == want
+    spec = next(d for d in objects if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    host_paths = [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v]
+    assert not {"/opt/cni/bin", "/etc/cni/net.d"} & set(host_paths), host_paths
+
+
 def scrape_annotations(kind: str) -> tuple[str, int, str]:
     notes = by_kind(kind)[0]["spec"]["template"]["metadata"]["annotations"]
     return notes["prometheus.io/scrape"], int(notes["prometheus.io/port"]), notes["prometheus.io/path"]
@@ -221,25 +308,24 @@ def test_agent_serves_metrics_on_the_node_address_the_daemonset_declares(node_ip
 
     agent = next(c for c in by_kind("DaemonSet")[0]["spec"]["template"]["spec"]["containers"]
                  if c["name"] == "agent")
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in agent["env"]}
-    assert env == {"POD_IP": "status.podIP", "NODENAME": "spec.nodeName"}
-    args = main.parse([expand(a, {"POD_IP": node_ip}) for a in agent["command"][1:]])
+    assert downward(agent) == {"POD_IP": "status.podIP", "NODENAME": "spec.nodeName"}
+    env = env_of(agent, docs(), **{"status.podIP": node_ip})
+    args = main.parse([expand(a, env) for a in agent["command"][1:]])
     assert args.metrics == (node_ip, metrics_port(agent))
     assert scrape_annotations("DaemonSet") == ("true", metrics_port(agent), "/metrics")
 
 
 def test_agent_watches_its_nodes_pods_with_what_the_daemonset_gives_it() -> None:
-    """The pod watch (ipam/podwatch.py) is on by default when NODENAME is set: the DaemonSet sets it from
-    the downward API, and the node's ServiceAccount may list and watch pods (a ClusterRole: pods are in
-    every namespace)."""
+    """The pod watch (ipam/podwatch.py) runs when NODENAME is set: the DaemonSet sets it from the downward
+    API, names the flat file the installer writes (node_dirs), and the node's ServiceAccount may list and
+    watch pods (a ClusterRole: pods are in every namespace)."""
     from cni.agent import main
 
     agent = next(c for c in by_kind("DaemonSet")[0]["spec"]["template"]["spec"]["containers"]
                  if c["name"] == "agent")
-    args = main.parse([expand(a, {"POD_IP": "198.51.100.7"}) for a in agent["command"][1:]])
-    assert args.pod_watch == "auto"
-    assert {"NODENAME": "spec.nodeName"}.items() <= {
-        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in agent["env"]}.items()
+    args = main.parse([expand(a, env_of(agent, docs())) for a in agent["command"][1:]])
+    assert args.pod_watch == "/etc/cni/net.d/whereabouts.d/whereabouts.conf"
+    assert downward(agent)["NODENAME"] == "spec.nodeName"
     role = next(d for d in by_kind("ClusterRole") if d["metadata"]["name"] == "pycni-node")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
 

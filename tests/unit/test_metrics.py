@@ -303,6 +303,17 @@ def test_agent_endpoint_serves_what_the_hooks_saw(served: list[Exporter]) -> Non
     assert not [n for n in names if n.endswith("_created") or n.startswith("pycni_ipam_pool")]
 
 
+def test_the_pod_watch_gauge_says_up_or_down_and_is_absent_while_the_watch_is_off(
+        served: list[Exporter]) -> None:
+    """pycni_podwatch_up (ipam/watchhealth.py sets it): no sample until the agent wants a watch and while
+    it is off by configuration (an alert on 0 then fires only where a watch should run), 0 down, 1 up."""
+    _, url = serve(served, AGENT)
+    assert value(scrape(url), "pycni_podwatch_up") is None
+    for up, want in ((False, 0.0), (True, 1.0), (False, 0.0), (None, None)):
+        metrics.sink().watch_up(up)
+        assert value(scrape(url), "pycni_podwatch_up") == want, up
+
+
 def test_reconciler_endpoint_drops_pools_that_are_gone(served: list[Exporter]) -> None:
     exporter, url = serve(served, RECONCILER)
     exporter.pool("kubernetes", "198.51.100.0-24", 3, 254)
