@@ -41,7 +41,9 @@ def plugin_command(plugin: str, seams: Sequence[str] = ()) -> list[str]:
         if bindir:
             import pytest
 
-            pytest.skip("needs test seams (tests/launch.py), which only the source pass has")
+            from tests.skips import SOURCE_ONLY
+
+            pytest.skip(SOURCE_ONLY)
         return [sys.executable, "-m", "tests.launch", *seams, "--", plugin]
     if bindir:
         return [os.path.join(bindir, plugin)]

@@ -16,10 +16,11 @@ import pytest
 from tests import kubeup
 from tests.bench.ipam_scale import Pod, Pycni, Workload, held, network_config, one_call
 from tests.nsutil import is_root
+from tests.skips import ROOT
 from tests.unit.helpers import in_threads
 from tests.waits import until
 
-pytestmark = pytest.mark.skipif(not is_root(), reason="the agent serves root only")
+pytestmark = pytest.mark.skipif(not is_root(), reason=f"{ROOT}the agent serves root only")
 
 
 def _entry(tenant: kubeup.Tenant, ip: str) -> dict[str, Any] | None:
