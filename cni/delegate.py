@@ -11,7 +11,7 @@ import time
 from contextvars import ContextVar
 
 from cni import log
-from cni.errors import CniError, Code, ConfigError, DecodeError
+from cni.errors import CniError, Code, ConfigError, DecodeError, TryAgainError
 from cni.types.netconf import Request
 from cni.types.result import Result, narrowed, parse
 from cni.types.valueclass import replace
@@ -27,6 +27,28 @@ ETXTBSY_TRIES = 5
 CALLER_BUNDLE: ContextVar[str | None] = ContextVar(
     "pycni_caller_bundle", default=sys.executable if getattr(sys, "frozen", False) else None
 )
+
+
+class Bound:
+    """What bounds an IPAM exec'd for one caller of the agent (cni.agent.server sets it per request; a
+    plugin process has none: the runtime's timeout kills the plugin). `watch` polls POLLERR once the
+    caller's end of the call is closed (the agent's write end of the caller's answer pipe: its only
+    reader is the shim, so the shim is gone), `limit` is the seconds one exec may take. The child runs
+    in a process group of its own; either event kills that group (SIGKILL), reaps the child and fails
+    the call with code 11. Once the caller is gone (`gone`), no other IPAM is started for it (the
+    rollback's DEL of a failed ADD: the runtime's DEL follows)."""
+
+    __slots__ = ("gone", "limit", "watch")
+
+    def __init__(self, watch: int, limit: float) -> None:
+        self.watch, self.limit, self.gone = watch, limit, False
+
+
+BOUND: ContextVar[Bound | None] = ContextVar("pycni_ipam_bound", default=None)
+
+
+class Killed(TryAgainError):
+    """An IPAM the agent exec'd was killed: its caller went away, or it ran past the agent's limit."""
 
 
 def find(kind: str, path: tuple[str, ...]) -> str:
@@ -81,9 +103,10 @@ def runtime_env(env: Mapping[str, str]) -> dict[str, str]:
 def _exec(binary: str, req: Request, command: str) -> bytes:
     env = runtime_env(req.env)
     env["CNI_COMMAND"] = command
+    bound = BOUND.get()
     for attempt in range(ETXTBSY_TRIES):
         try:
-            rc, out, err = run(binary, req.stdin, env)
+            rc, out, err = run(binary, req.stdin, env, bound)
             break
         except OSError as e:
             if e.errno != errno.ETXTBSY or attempt == ETXTBSY_TRIES - 1:
@@ -96,16 +119,23 @@ def _exec(binary: str, req: Request, command: str) -> bytes:
     return out
 
 
-def run(binary: str, stdin: bytes, env: dict[str, str]) -> tuple[int, bytes, bytes]:
+def run(binary: str, stdin: bytes, env: dict[str, str], bound: Bound | None = None
+        ) -> tuple[int, bytes, bytes]:  # fmt: skip
     """subprocess.run([binary], input=stdin, env=env, capture_output=True), without importing
     subprocess (it imports signal, selectors, threading and locale on every call): posix_spawn
     (vfork-fast, thread-safe in the agent, inherits the calling thread's netns and cwd) and a poll loop.
-    Returns (exit code, stdout, stderr); OSError when the binary cannot be executed."""
+    Returns (exit code, stdout, stderr); OSError when the binary cannot be executed. With `bound` (the
+    agent), the child leads a process group of its own and is killed with it, reaped, and Killed raised
+    when its caller goes away or bound.limit seconds pass before it exited (Bound)."""
     import select
     import signal
 
+    name = os.path.basename(binary)
+    if bound is not None and bound.gone:
+        raise Killed(f"{name} not started: {GONE}")
     fds = [*os.pipe(), *os.pipe(), *os.pipe()]  # stdin r/w, stdout r/w, stderr r/w
-    if min(fds) < 3:  # our own stdio was closed: dup2 onto it could clobber another pipe end
+    if min(fds) < 3:  # our own stdio was closed (a plugin process; never the agent, whose stdio is its
+        # log): dup2 onto it could clobber another pipe end
         for fd in fds:
             os.close(fd)
         import subprocess
@@ -117,26 +147,87 @@ def run(binary: str, stdin: bytes, env: dict[str, str]) -> tuple[int, bytes, byt
         _no_inherited_descriptors()
         actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(child)]
         # as subprocess's restore_signals: Python ignores SIGPIPE and SIGXFSZ, an exec'd Go plugin must not
-        pid = os.posix_spawn(binary, [binary], env, file_actions=actions,
-                             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+        default = (signal.SIGPIPE, signal.SIGXFSZ)
+        if bound is None:
+            pid = os.posix_spawn(binary, [binary], env, file_actions=actions, setsigdef=default)
+        else:  # a process group of its own, killed whole
+            pid = os.posix_spawn(binary, [binary], env, file_actions=actions, setsigdef=default, setpgroup=0)
     except BaseException:
         for fd in fds:
             os.close(fd)
         raise
     for fd in child:
         os.close(fd)
+    waiting = None if bound is None else _Waiting(select, bound, name)
+    status: int | None = None
     try:
-        out, err = _pump(select, mine, stdin)
+        out, err = _pump(select, mine, stdin, waiting)
+        if waiting is not None:
+            status = waiting.exit_of(pid)
     except BaseException:  # as subprocess.run: the child does not outlive a failed call
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+        _kill(pid, signal.SIGKILL)
         raise
     finally:
         for fd in mine:
             if fd >= 0:
                 os.close(fd)
-        status = os.waitpid(pid, 0)[1]
+        if status is None:
+            status = os.waitpid(pid, 0)[1]
     return os.waitstatus_to_exitcode(status), out, err
+
+
+GONE = "the caller went away (the runtime gave up on the call)"
+
+
+class _Waiting:
+    """The waits of one bounded exec (Bound): each poll also watches the caller's end, and all of them
+    together end bound.limit seconds after the start."""
+
+    def __init__(self, select: Any, bound: Bound, name: str) -> None:
+        self.select, self.bound, self.name = select, bound, name
+        self.deadline = time.monotonic() + bound.limit
+
+    def poll(self, poller: Any) -> list[tuple[int, int]]:
+        """poller.poll(), with the caller's end registered in `poller` (Killed: gone, or too late)."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise Killed(f"{self.name} killed: no answer within {self.bound.limit:g} s")
+        events: list[tuple[int, int]] = poller.poll(int(left * 1000) + 1)
+        if any(fd == self.bound.watch for fd, _ in events):
+            self.bound.gone = True
+            raise Killed(f"{self.name} killed: {GONE}")
+        return events
+
+    def watching(self) -> Any:
+        poller = self.select.poll()
+        poller.register(self.bound.watch, 0)  # only what is always reported: the reader's end is closed
+        return poller
+
+    def exit_of(self, pid: int) -> int:
+        """The child's wait status once it exited. Its output ended: it is exiting, or it closed stdout
+        and stderr and runs on; the latter is waited for through a pidfd, bounded as the rest."""
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        fd = os.pidfd_open(pid)
+        try:
+            poller = self.watching()
+            poller.register(fd, self.select.POLLIN)  # readable once the child exited
+            while not self.poll(poller):
+                pass
+        finally:
+            os.close(fd)
+        return os.waitpid(pid, 0)[1]
+
+
+def _kill(pid: int, sig: int) -> None:
+    """Signal the child, and the process group it leads if it has one (the agent's children do; one
+    could also have made its own): with it whatever the child started there. No other group can have
+    the child's pid as its id while the child is not reaped."""
+    with contextlib.suppress(OSError):
+        os.kill(pid, sig)
+    with contextlib.suppress(OSError):
+        os.killpg(pid, sig)
 
 
 def _no_inherited_descriptors() -> None:
@@ -152,12 +243,12 @@ def _no_inherited_descriptors() -> None:
                     os.set_inheritable(fd, False)
 
 
-def _pump(select: Any, mine: list[int], stdin: bytes) -> tuple[bytes, bytes]:
+def _pump(select: Any, mine: list[int], stdin: bytes, waiting: _Waiting | None = None) -> tuple[bytes, bytes]:
     """Write `stdin` to mine[0] and read mine[1] and mine[2] to EOF, all at once (no pipe can fill up
-    and block the child). A closed fd is set to -1 in `mine`."""
+    and block the child). A closed fd is set to -1 in `mine`. `waiting`: bounded (Bound)."""
     w_in, r_out, r_err = mine
     chunks: dict[int, list[bytes]] = {r_out: [], r_err: []}
-    poller = select.poll()
+    poller = select.poll() if waiting is None else waiting.watching()
     if stdin:
         os.set_blocking(w_in, False)
         poller.register(w_in, select.POLLOUT)
@@ -168,7 +259,7 @@ def _pump(select: Any, mine: list[int], stdin: bytes) -> tuple[bytes, bytes]:
         poller.register(fd, select.POLLIN)
     view, open_readers = memoryview(stdin), 2
     while open_readers:
-        for fd, _ in poller.poll():
+        for fd, _ in poller.poll() if waiting is None else waiting.poll(poller):
             if fd == w_in:
                 try:
                     view = view[os.write(w_in, view):]

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from cni.agent.client import FIFO_ENV
-from tests import agentutil, kubeup, logtee, nsutil
+from tests import agentutil, kubeup, logtee, nsutil, skips
 from tests.kubeapi import record
 
 # Property tests everywhere: the same cases on every run (a failure reproduces), and no per-example
@@ -24,7 +24,7 @@ settings.register_profile("pycni", deadline=None, derandomize=True, database=Non
                           suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 settings.load_profile("pycni")
 
-ROOT_REASON = "needs root: creates network namespaces and links"
+ROOT_REASON = f"{skips.ROOT}creates network namespaces and links"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -162,7 +162,10 @@ def pytest_configure(config: pytest.Config) -> None:
     """Every request the code sends through the Kubernetes client is recorded per test for test_rbac.py
     (tests/kubeapi/record.py; its own child run, PYCNI_KUBEAPI_RECORD, records into a file instead).
     SIGTERM (a CI timeout, `kill`, `timeout`) interrupts the run as Ctrl-C does: pytest then tears down
-    the fixtures set up (namespaces, links, servers) instead of dying with them in place."""
+    the fixtures set up (namespaces, links, servers) instead of dying with them in place. A skip whose
+    reason tests/skips.py does not allow here fails the session."""
+    if not config.pluginmanager.is_registered(skips):
+        config.pluginmanager.register(skips, "tests.skips")
     if not os.environ.get(record.RECORD_ENV):
         record.SESSION.install()
     signal.signal(signal.SIGTERM, _interrupt)

@@ -60,10 +60,21 @@ PLURALS = {"Role": "roles", "RoleBinding": "rolebindings", "ClusterRole": "clust
 _counter = itertools.count()
 
 
+def shared_missing(*names: str) -> str:
+    """Why the named entries of ../shared/upstream cannot be used here ("" when they can): ABSENT_REASON
+    when ../shared/upstream is absent altogether (tests/skips.py allows that skip then), else which are
+    missing (no skip allows that: a ../shared that is there is whole)."""
+    if not UPSTREAM.exists():
+        return ABSENT_REASON
+    missing = [n for n in names if not (UPSTREAM / n).exists()]
+    return f"{', '.join(missing)} missing from {UPSTREAM}" if missing else ""
+
+
 def absent() -> str:
     """Why the real server cannot run here ("" when it can)."""
-    if not (UPSTREAM / "kube-up").exists():
-        return ABSENT_REASON
+    reason = shared_missing("kube-up")
+    if reason:
+        return reason
     for tool in ("etcd", "kubectl"):
         if not any(Path(d, tool).exists() for d in os.environ.get("PATH", "").split(os.pathsep)):
             return f"{tool} is not installed (make deps installs it)"

@@ -41,7 +41,9 @@ def plugin_command(plugin: str, seams: Sequence[str] = ()) -> list[str]:
         if bindir:
             import pytest
 
-            pytest.skip("needs test seams (tests/launch.py), which only the source pass has")
+            from tests.skips import SOURCE_ONLY
+
+            pytest.skip(SOURCE_ONLY)
         return [sys.executable, "-m", "tests.launch", *seams, "--", plugin]
     if bindir:
         return [os.path.join(bindir, plugin)]
@@ -103,15 +105,39 @@ class Topology:
             env: Mapping[str, str] | None = None, path: str = "/usr/lib/cni",
             seams: Sequence[str] = ()) -> Call:
         """Run `plugin` inside the host namespace, as a runtime would (`seams`: see plugin_command)."""
+        data = conf if isinstance(conf, bytes) else jsonio.dumps(dict(conf))
+        proc = self._spawn(plugin, command, netns, ifname, container_id, cni_args, env, path, seams,
+                           subprocess.PIPE)
+        stdout, stderr = proc.communicate(data)
+        out = jsonio.loads(stdout) if stdout.strip() else None
+        return Call(proc.returncode, out, stderr.decode(errors="replace"))
+
+    def start(self, plugin: str, command: str, conf: Mapping[str, Any], *, netns: str = "",
+              ifname: str = "net1", container_id: str = "c1", env: Mapping[str, str] | None = None,
+              path: str = "/usr/lib/cni") -> subprocess.Popen[bytes]:
+        """`run` without waiting for the plugin: its process (`ip netns exec` execs it: the pid is the
+        plugin's), its stdin a pipe holding the configuration (a few hundred bytes: far below a pipe's
+        buffer), its stdout and stderr pipes."""
+        r, w = os.pipe()
+        try:
+            os.write(w, jsonio.dumps(dict(conf)))
+        finally:
+            os.close(w)
+        try:
+            return self._spawn(plugin, command, netns, ifname, container_id, "", env, path, (), r)
+        finally:
+            os.close(r)
+
+    def _spawn(self, plugin: str, command: str, netns: str, ifname: str, container_id: str, cni_args: str,
+               env: Mapping[str, str] | None, path: str, seams: Sequence[str], stdin: int
+               ) -> subprocess.Popen[bytes]:  # fmt: skip
         full = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
         full.update(CNI_COMMAND=command, CNI_CONTAINERID=container_id, CNI_NETNS=netns,
                     CNI_IFNAME=ifname, CNI_PATH=path, CNI_ARGS=cni_args, PYTHONPATH=PYTHONPATH)
         full.update(env or {})
-        data = conf if isinstance(conf, bytes) else jsonio.dumps(dict(conf))
         cmd = ["ip", "netns", "exec", self.host, *plugin_command(plugin, seams)]
-        proc = subprocess.run(cmd, input=data, env=full, capture_output=True, check=False, cwd=REPO)
-        out = jsonio.loads(proc.stdout) if proc.stdout.strip() else None
-        return Call(proc.returncode, out, proc.stderr.decode(errors="replace"))
+        return subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full,
+                                cwd=REPO)
 
     def ip(self, ns: str, *args: str) -> str:
         """`ip` inside a namespace given by name or /run/netns path."""

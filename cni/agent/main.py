@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cni.agent.client import DEFAULT_FIFO
+from cni.agent.server import IPAM_TIMEOUT
 from cni.metrics import parse_address
 
 METRICS_ENV = "PYCNI_METRICS"
@@ -32,6 +33,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help=f"the FIFO the plugin entries write their requests to (default {DEFAULT_FIFO})")
     ap.add_argument("--max-inflight", type=int, default=128,
                     help="requests executed at once; more are refused and run in-process (default 128)")
+    ap.add_argument("--ipam-timeout", type=positive, default=IPAM_TIMEOUT, metavar="SECONDS",
+                    help="seconds an IPAM plugin the agent execs (a third-party one on CNI_PATH; pycni's own "
+                         "runs in-process) may run before it is killed with its process group; it is "
+                         "killed at once when the calling plugin process goes away, killed by the "
+                         "runtime's timeout (default 240: the kubelet's RunPodSandbox deadline, twice its "
+                         "default --runtime-request-timeout of 2m)")
     ap.add_argument("--grace", type=float, default=30.0,
                     help="seconds from SIGTERM for the requests in flight and the pool batches they "
                          "started to finish: one budget, to fit the pod's terminationGracePeriodSeconds "
@@ -45,6 +52,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
                          "Kubernetes store of the node's flat file (PATH: that file or its directory; "
                          "auto: where the plugin finds it, when NODENAME is set; default auto)")
     return ap.parse_args(argv)
+
+
+def positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
 
 
 def remaining(grace: float, stopped_at: float, now: float | None = None) -> float:
@@ -177,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))  # fmt: skip
     # every plugin, tool, IPAM and store module; cluster store connections outlive a request
     warm(LAZY_MODULES, hooks=(keep_warm, lambda: batch.share(home=home)))
-    agent = Agent(args.fifo, build_id(), max_inflight=args.max_inflight)
+    agent = Agent(args.fifo, build_id(), max_inflight=args.max_inflight, ipam_timeout=args.ipam_timeout)
     try:
         agent.bind()
     except OSError as e:

@@ -29,8 +29,13 @@ from dataclasses import dataclass, field
 
 from cni import metrics
 from cni.agent import proto
+from cni.delegate import Bound
 
 POLL = 0.2  # seconds between looks at `stopping` while no request comes
+# Seconds an IPAM the agent execs may run (cni.delegate.Bound; --ipam-timeout): the kubelet gives
+# RunPodSandbox, whose CNI ADDs these are, twice its --runtime-request-timeout (2 min by default), and
+# kills nothing itself; by then the runtime has given up on the call and killed the shim.
+IPAM_TIMEOUT = 240.0
 
 
 @dataclass
@@ -183,12 +188,14 @@ def error_code(rc: int, out: bytes) -> int:
     return code if isinstance(code, int) else 999
 
 
-def execute(job: Job) -> tuple[int, bytes]:
-    """Run the request as its plugin process would: skel.run with the request's env and stdin."""
+def execute(job: Job, bound: Bound | None = None) -> tuple[int, bytes]:
+    """Run the request as its plugin process would: skel.run with the request's env and stdin; an IPAM
+    it execs is bounded by `bound` (its caller's end, a time limit)."""
     from cni import delegate, log, netns, skel
 
     log.use_stderr(job.fds[1])
     delegate.CALLER_BUNDLE.set(job.bundle or None)
+    delegate.BOUND.set(bound)
     pod = job.env.get("CNI_NETNS", "")
     if pod and len(job.fds) == 4 and netns.is_netns_fd(job.fds[3]):
         netns.GIVEN.set((pod, job.fds[3]))  # this thread's context only
@@ -201,10 +208,12 @@ def execute(job: Job) -> tuple[int, bytes]:
 
 
 class Agent:
-    def __init__(self, path: str, build: str, max_inflight: int = 128, allowed_uids: tuple[int, ...] = (0,)):
+    def __init__(self, path: str, build: str, max_inflight: int = 128, allowed_uids: tuple[int, ...] = (0,),
+                 ipam_timeout: float = IPAM_TIMEOUT):
         self.path = path
         self.build = build
         self.max_inflight = max_inflight
+        self.ipam_timeout = ipam_timeout
         self.allowed_uids = allowed_uids
         self.stopping = threading.Event()
         self.lock = threading.Lock()
@@ -381,8 +390,15 @@ class Agent:
                 self._refuse(claim.pipe, "context", f"cannot enter the caller's context: {e.strerror}")
                 return
             started = time.monotonic()
-            rc, out = execute(job)
+            # an IPAM it execs ends with the caller: the shim's end of `pipe` closed (killed by the
+            # runtime's timeout, say), or after ipam_timeout; this thread and its slot with it
+            bound = Bound(claim.pipe, self.ipam_timeout)
+            rc, out = execute(job, bound)
             command = job.env.get("CNI_COMMAND", "")
+            if bound.gone:
+                say(f"request of pid {claim.pid}: {job.plugin} {command}: the caller went away; the IPAM "
+                    f"it exec'd was killed after {time.monotonic() - started:.1f} s")
+                return
             proto.send(claim.pipe, proto.ANSWER, str(rc).encode() + b"\0" + out)
             took = time.monotonic() - started
             with self.lock:

@@ -9,7 +9,9 @@ Sources that name a device must agree (PCI addresses compared normalised, other 
 disagreement is code 7 naming both sources and both values. The device-info file is read only when the
 capability names it: absent (no device plugin file for this attachment, or not visible to this process)
 it names nothing; of a type without a PCI address (vhost-user, memif) it names nothing; unreadable or
-malformed it is a code 7 error when it is the only source, else a warning and the others decide. Its
+malformed it is a code 7 error when it is the only source, else a warning and the others decide. When
+it is the only source given and names nothing, the plugin's error (`required`) names the file looked
+for and what was found there, not a field the user never set. Its
 PCI address is compared only with a PCI address: an auxiliary device id (host-device) is not a PCI
 address the file could repeat."""
 
@@ -47,10 +49,27 @@ class Named:
 
 def device_id(req: Request) -> Named | None:
     """The device the sources agree on (the first source that names it), None when none does."""
+    return _resolved(req)[0]
+
+
+def required(req: Request, none_given: str, others: str) -> Named:
+    """The device the sources agree on; code 7 when none names it: `none_given` (the plugin's own
+    message) when none was given at all; when the device-info file was the only one, the file looked
+    for, what was found there (nothing, a type without a PCI device) and the plugin's `others`."""
+    named, looked = _resolved(req)
+    if named is not None:
+        return named
+    if looked:
+        raise ConfigError(f"{looked}, and no other field names the device ({others})")
+    raise ConfigError(none_given)
+
+
+def _resolved(req: Request) -> tuple[Named | None, str]:
+    """(the device the sources agree on or None, why a device-info file that was given named none)."""
     given = _id_fields(req)
     for other in given[1:]:
         _agree(given[0], other)
-    info, problem = _info_file(req)
+    info, problem, looked = _info_file(req)
     if problem:
         if not given:
             raise ConfigError(problem)
@@ -61,7 +80,7 @@ def device_id(req: Request) -> Named | None:
             _agree(given[0], info)
         else:
             log.debug("%s is not a PCI address: %s not compared", given[0].describe(), info.describe())
-    return first
+    return first, looked
 
 
 def _agree(first: Named, other: Named) -> None:
@@ -81,36 +100,37 @@ def _id_fields(req: Request) -> list[Named]:
     return out
 
 
-def _info_file(req: Request) -> tuple[Named | None, str]:
-    """(what the file names, None if nothing; the problem that made it unusable, or "")."""
+def _info_file(req: Request) -> tuple[Named | None, str, str]:
+    """(what the file names, None if nothing; the problem that made it unusable, or ""; why a usable
+    or absent file names nothing, or "")."""
     path = f.opt(req.runtime_config(), "CNIDeviceInfoFile", str, "runtimeConfig", "")
     if not path:
-        return None, ""
+        return None, "", ""
     # the whole path (Multus' are over 100 characters, unique at the end), unless it is no path at all
     where = f'{INFO_FIELD}: "{path}"' if len(path) <= PATH_MAX else f"{INFO_FIELD}: {f.show(path)}"
     if not os.path.isabs(path):
-        return None, f"{where} is not an absolute path"
+        return None, f"{where} is not an absolute path", ""
     if "\0" in path:
-        return None, f"{where} holds a NUL byte"
+        return None, f"{where} holds a NUL byte", ""
     try:
         data = _read_regular(path)
     except FileNotFoundError:
         log.debug("%s: no such file; it names no device", where)
-        return None, ""
+        return None, "", f"{where}: no such file"
     except OSError as e:
-        return None, f"{where}: cannot read it: {e.strerror or e}"
+        return None, f"{where}: cannot read it: {e.strerror or e}", ""
     if data is None:
-        return None, f"{where}: not a regular file"
+        return None, f"{where}: not a regular file", ""
     if len(data) > MAX_INFO_BYTES:
-        return None, f"{where}: larger than {MAX_INFO_BYTES} bytes, not a device-info file"
+        return None, f"{where}: larger than {MAX_INFO_BYTES} bytes, not a device-info file", ""
     try:
-        pci = _pci_address(data)
+        pci, kind = _pci_address(data)
     except CniError as e:
-        return None, f"{where}: {e.msg}"
+        return None, f"{where}: {e.msg}", ""
     if pci is None:
         log.debug("%s names no PCI device", where)
-        return None, ""
-    return Named(INFO_FIELD, pci), ""
+        return None, "", f'{where}: its type "{kind}" names no PCI device'
+    return Named(INFO_FIELD, pci), "", ""
 
 
 def _read_regular(path: str) -> bytes | None:
@@ -133,9 +153,9 @@ def _read_regular(path: str) -> bytes | None:
         os.close(fd)
 
 
-def _pci_address(data: bytes) -> str | None:
-    """The device's PCI address in a device-info object (spec 1.1.0 section 3); None for a type
-    without one. ConfigError (its message is what is wrong) for anything else."""
+def _pci_address(data: bytes) -> tuple[str | None, str]:
+    """(the device's PCI address in a device-info object (spec 1.1.0 section 3), None for a type
+    without one; the type). ConfigError (its message is what is wrong) for anything else."""
     from cni import jsonio
 
     try:
@@ -148,13 +168,13 @@ def _pci_address(data: bytes) -> str | None:
     if not isinstance(kind, str) or not kind:
         raise ConfigError('no "type" (a device-info object names its type)')
     if kind not in PCI_INFO_TYPES:
-        return None
+        return None, kind
     section = info.get(kind)
     if not isinstance(section, dict):
         raise ConfigError(f'type "{kind}" without a "{kind}" object')
     address = section.get("pci-address")
     if address is None and kind == "vdpa":  # optional for vdpa
-        return None
+        return None, kind
     if not isinstance(address, str) or normalize_pci(address) is None:
         raise ConfigError(f'{kind}.pci-address: {f.show(address)} is not a PCI address')
-    return address
+    return address, kind

@@ -30,10 +30,9 @@ def selector(req: Request) -> tuple[str, str]:
         value = f.opt(req.conf, name, str, "", "")
         if value:
             return name, str(value)
-    named = sources.device_id(req)
-    if named is None:
-        raise ConfigError("specify one of device, hwaddr, kernelpath, pciBusID or deviceID "
-                          "(runtimeConfig.deviceID, runtimeConfig.CNIDeviceInfoFile)")
+    named = sources.required(req, "specify one of device, hwaddr, kernelpath, pciBusID or deviceID "
+                                  "(runtimeConfig.deviceID, runtimeConfig.CNIDeviceInfoFile)",
+                             "device, hwaddr, kernelpath, runtimeConfig.deviceID, deviceID or pciBusID")
     return named.field, named.value
 
 

@@ -46,10 +46,9 @@ class SriovConf:
 
 def _device_id(req: Request) -> tuple[str, str]:
     """The VF from every channel that names it (cni.device.sources: they must agree)."""
-    named = sources.device_id(req)
-    if named is None:
-        raise ConfigError("deviceID: required (the VF's PCI address; Multus sets it from the resource, "
-                          "a DRA driver from the claim)")
+    named = sources.required(req, "deviceID: required (the VF's PCI address; Multus sets it from the "
+                                  "resource, a DRA driver from the claim)",
+                             "runtimeConfig.deviceID, deviceID or pciBusID")
     return named.field, named.value
 
 

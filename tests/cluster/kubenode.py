@@ -46,9 +46,7 @@ NS = "pycni-system"
 
 def absent() -> str:
     """Why the suite cannot run here ("" when it can): only ../shared missing is a reason to skip."""
-    if not (UPSTREAM / "kube-node-up").exists():
-        return f"{UPSTREAM}/kube-node-up is absent (../shared beside the clone holds the cluster kit)"
-    return ""
+    return kubeup.shared_missing("kube-node-up")
 
 
 def wait_for[T](what: str, probe: Callable[[], T | None], timeout: float = 180.0, every: float = 0.5) -> T:

@@ -20,6 +20,7 @@ import pytest
 from tests import kubeup
 from tests.bench.ipam_scale import DEFAULT_PATHS, Pycni, Workload, run_workload, slice_assignments
 from tests.nsutil import is_root
+from tests.skips import ROOT
 
 WORKLOAD = Workload(pods=16, networks=4, nodes=4, concurrency=2, mode="shared", budget=300.0,
                     call_timeout=120.0)
@@ -30,7 +31,7 @@ SLICES = replace(WORKLOAD, mode="slices", slice_controller=False)
 def test_pods_on_shared_range(kube: kubeup.KubeServer, tenant: kubeup.Tenant, tmp_path: Path,
                               agents: bool) -> None:
     if agents and not is_root():
-        pytest.skip("the agent serves root only")
+        pytest.skip(f"{ROOT}the agent serves root only")
     plugin_dir = os.environ.get("PYCNI_PLUGIN_DIR")
     present = {p for p in DEFAULT_PATHS if os.path.lexists(p)}
     impl = Pycni(Path(plugin_dir) if plugin_dir else None, WORKLOAD.nodes if agents else 0, tmp_path)

@@ -26,6 +26,7 @@ from tests.agentutil import Agent
 from tests.concurrency.harness import base_conf
 from tests.logtee import PYTHONPATH
 from tests.nsutil import REPO, is_root
+from tests.skips import ROOT
 
 WANT = "198.51.100.77"
 
@@ -54,7 +55,7 @@ def via(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent | None
         yield None
         return
     if not is_root():
-        pytest.skip("the agent serves root only")
+        pytest.skip(f"{ROOT}the agent serves root only")
     agent = Agent(tmp_path / "run" / "agent.fifo", tmp_path / "agent.log").start()
     try:
         yield agent

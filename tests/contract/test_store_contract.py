@@ -12,6 +12,7 @@ from cni.errors import Code
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.store.base import Conflict, Store, StoreUnavailable
 from tests.contract.factories import Factory
+from tests.skips import NO_EXCLUSIVE, NO_VIEW_POOL
 
 CID = "3f" * 32  # a 64-hex container id, as runtimes make them
 A = Allocation(CID, "default/pod-a", "net1", "5a1c1b9e-6c42-4b4e-9a52-0d1c3b6d7a11", "rdma-a", "node-1")
@@ -306,7 +307,7 @@ def test_concurrent_reservation_creates_one_wins(factory: Factory, store: Store)
 
 def test_exclusive_is_atomic_when_offered(store: Store) -> None:
     if not store.serial:
-        pytest.skip("this store offers no exclusive() (optional)")
+        pytest.skip(NO_EXCLUSIVE)
     unit = store.exclusive()
     assert unit is not None
     with pytest.raises(ValueError), unit:
@@ -320,7 +321,7 @@ def test_view_pool_answers_like_a_snapshot_when_offered(store: Store) -> None:
     from ipam.allocator import SnapshotView
 
     if not store.serial or type(store).view_pool is Store.view_pool:
-        pytest.skip("this store offers no view_pool() (optional)")
+        pytest.skip(NO_VIEW_POOL)
     viewer, exclusive = store.view_pool, store.exclusive
     create(store, put={"1": A, "2": B, "4": C, "5": A._replace(ifname="net9")})
     pool = store.get_pool("198.51.100.0-24")

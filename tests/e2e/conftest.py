@@ -11,12 +11,13 @@ import pytest
 from tests.e2e import libcni
 from tests.e2e.harness import E2E
 from tests.nsutil import Topology, is_root
+from tests.skips import ROOT
 
 
 @pytest.fixture(scope="session")
 def driver_binary() -> Path:
     if not is_root():
-        pytest.skip("needs root: creates network namespaces and links")
+        pytest.skip(f"{ROOT}creates network namespaces and links")
     return libcni.ensure_driver()
 
 

@@ -33,6 +33,7 @@ from tests.e2e import bundle_driver
 from tests.e2e.node import Node
 from tests.logtee import PYTHONPATH
 from tests.nsutil import Call, Topology
+from tests.skips import SOURCE_ONLY
 
 NETWORKS = "k8s.v1.cni.cncf.io/networks"
 STATUS = "k8s.v1.cni.cncf.io/network-status"
@@ -188,5 +189,4 @@ def entries(mn: MultusNode) -> tuple[dict[str, dict[str, Any]], dict[str, dict[s
     return ({k: v for k, v in mn.tenant.pools().items() if v}, mn.tenant.reservations())
 
 
-source_only = pytest.mark.skipif(bundle_driver.frozen_dir() is not None,
-                                 reason="needs test seams (tests/launch.py), which only the source pass has")
+source_only = pytest.mark.skipif(bundle_driver.frozen_dir() is not None, reason=SOURCE_ONLY)

@@ -25,6 +25,7 @@ from cni.agent.client import FIFO_ENV
 from ipam.config import FLAT_FILES
 from tests import agentutil
 from tests.logtee import PYTHONPATH
+from tests.skips import OWN_FLAT_FILE
 
 ENTER = 'mount --bind "$1" /var/lib && shift && exec "$@"'
 ENTER_CONF = 'mount --bind "$1" /var/lib && mount --bind "$2" /etc/cni/net.d && shift 2 && exec "$@"'
@@ -42,7 +43,7 @@ def own_flat_file_impossible() -> str:
     reason = cni_conf_absent()
     foreign = [p for p in FLAT_FILES if not p.startswith(f"{CNI_CONF}/") and os.path.lexists(p)]
     if not reason and foreign:
-        reason = f"this machine has a flat file the test cannot hide: {foreign}"
+        reason = f"{OWN_FLAT_FILE} the test cannot hide: {foreign}"
     return reason
 
 

@@ -37,8 +37,9 @@ NO_LIST = "GC without cni.dev/valid-attachments"  # what our plugins log on such
 
 class Cnitool:
     def __init__(self, topo: Topology, tmp: Path) -> None:
-        if not (kubeup.UPSTREAM / "unpack").exists():
-            pytest.skip(kubeup.ABSENT_REASON)
+        reason = kubeup.shared_missing("unpack")
+        if reason:
+            pytest.skip(reason)
         self.topo, self.tmp = topo, tmp
         self.binary = kubeup.unpack("cnitool") / "cnitool"
         self.netconf = tmp / "net.d"

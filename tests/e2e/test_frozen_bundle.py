@@ -19,13 +19,14 @@ from cni.registry import PLUGINS, TOOLS, entries
 from tests import upgrade_storm
 from tests.bundle_layouts import snapshot, variant, version_call
 from tests.e2e import bundle_driver
+from tests.skips import FROZEN_ONLY
 
 
 @pytest.fixture
 def cni_bin() -> Path:
     d = bundle_driver.frozen_dir()
     if d is None:
-        pytest.skip("frozen pass only (make test runs it with PYCNI_PLUGIN_DIR=dist/cni-bin)")
+        pytest.skip(FROZEN_ONLY)
     return d
 
 

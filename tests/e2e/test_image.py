@@ -42,6 +42,7 @@ from tests import agentutil
 from tests.bundle_layouts import snapshot, variant
 from tests.e2e import bundle_driver
 from tests.nsutil import RUN, Topology, is_root
+from tests.skips import FROZEN_ONLY, ROOT
 from tests.unit import test_manifests as tm
 
 NODE, NAMESPACE = "node-image-test", "pycni-system"  # the downward API values the DaemonSet reads
@@ -66,10 +67,9 @@ START_TIMEOUT = 120.0  # a container start plus an install pass on a loaded 2-co
 def frozen_layout() -> Path:
     frozen = bundle_driver.frozen_dir()
     if frozen is None:
-        pytest.skip("needs the frozen bundle: make test builds the image in its frozen pass "
-                    "(PYCNI_PLUGIN_DIR=dist/cni-bin)")
+        pytest.skip(FROZEN_ONLY)  # the image holds the frozen bundle
     if not is_root():
-        pytest.skip("needs root: podman with runc, host namespaces")
+        pytest.skip(f"{ROOT}podman with runc, host namespaces")
     for tool in ("podman", "runc", "nsenter", "ldd", "dpkg"):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} missing: bash .ci/apt-deps installs it")

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +25,7 @@ from ipam.store.local import LocalStore
 from tests.agentutil import Agent
 from tests.ipamutil import write_wrappers
 from tests.nsutil import Call, Topology
+from tests.waits import until
 
 ARGS = "IgnoreUnknown=1;K8S_POD_NAMESPACE=agent;K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}"
 PODS = 50
@@ -77,19 +77,20 @@ def process_state(pid: int) -> tuple[int, str, str]:
             os.readlink(f"/proc/{pid}/cwd"))
 
 
-def settled(pid: int, want: int, timeout: float = 60.0) -> int:
-    """Threads of `pid` once the request threads have ended (they end right after answering)."""
-    deadline = time.monotonic() + timeout
-    while (n := len(os.listdir(f"/proc/{pid}/task"))) != want and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return n
+def threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def settled(pid: int, want: int) -> None:
+    """Until the request threads of the agent `pid` have ended (they end right after answering)."""
+    until(lambda: threads(pid) == want, lambda: f"{want} threads in the agent, not {threads(pid)}", 60)
 
 
 def test_fifty_concurrent_adds_into_fifty_namespaces(topo: Topology, agent: Agent, tmp_path: Path) -> None:
     cfg = conf(topo, tmp_path)
     debug = {**cfg, "logLevel": "debug"}
     pods = [topo.pod(f"{i:02d}") for i in range(PODS)]
-    before, threads = process_state(agent.pid), len(os.listdir(f"/proc/{agent.pid}/task"))
+    before, idle = process_state(agent.pid), threads(agent.pid)
     # odd ones log at debug level (their info lines show): that must stay theirs
     with ThreadPoolExecutor(PODS) as pool:
         adds = list(pool.map(lambda i: run(topo, agent, "ADD", debug if i % 2 else cfg, pods[i], i, tmp_path),
@@ -110,7 +111,7 @@ def test_fifty_concurrent_adds_into_fifty_namespaces(topo: Topology, agent: Agen
     assert allocations(tmp_path) == []
     assert all(topo.link(pod, "net1") is None for pod in pods)
     assert sorted(x["ifname"] for x in topo.links(topo.host)) == sorted(["lo", topo.uplink, topo.peer])
-    assert settled(agent.pid, threads) == threads
+    settled(agent.pid, idle)
     assert process_state(agent.pid) == before  # no fd, namespace or cwd change outlived a request
 
 
@@ -137,11 +138,8 @@ def kill_sleeper(pid: str) -> None:
         os.kill(int(pid), signal.SIGKILL)
 
 
-def wait_for(path: Path, timeout: float = 30.0) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().strip()):
-        assert time.monotonic() < deadline, f"{path} never written"
-        time.sleep(0.02)
+def wait_for(path: Path) -> list[str]:
+    until(lambda: path.exists() and path.read_text().strip(), f"{path} written")
     return path.read_text().split()
 
 
@@ -170,6 +168,118 @@ def test_agent_killed_mid_request_gives_code_11_and_runs_nothing_twice(
     assert topo.link(pod, "net1") is None
 
 
+DAY = 86400
+WAVE = 65  # two waves: 130 calls, more than the agent's --max-inflight (128), none refused as busy
+
+
+def day_ipam(tmp_path: Path) -> tuple[str, Path]:
+    """A CNI_PATH dir whose third-party `dayipam` never answers an ADD: it sleeps for a day in a child
+    of its own (killing the IPAM alone would leave that sleeping) after recording "PID PPID CHILD"
+    (PPID: the agent when it execs the IPAM, the plugin process when the call ran in-process)."""
+    bindir = tmp_path / "day"
+    bindir.mkdir()
+    marks = tmp_path / "days"
+    script = bindir / "dayipam"
+    script.write_text(f'#!/bin/sh\n[ "$CNI_COMMAND" = ADD ] || exit 0\nsleep {DAY} &\n'
+                      f'echo "$$ $PPID $!" >> {marks}\nwait\n')
+    script.chmod(0o755)
+    return str(bindir), marks
+
+
+def days(marks: Path) -> list[list[str]]:
+    return [line.split() for line in marks.read_text().splitlines()] if marks.exists() else []
+
+
+def running(pid: str) -> bool:
+    """Whether `pid` is a dayipam or its sleep, not yet exited (a zombie has: the killed sleep waits for
+    init to reap it, the IPAM for the agent). Pids may be reused: the command line must be theirs."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return state != b"Z" and (b"dayipam" in argv or argv == f"sleep\0{DAY}\0".encode())
+
+
+def started(marks: Path, n: int) -> None:
+    until(lambda: len(days(marks)) == n, lambda: f"{len(days(marks))} IPAMs started, not {n}", 120)
+
+
+def test_an_exec_d_ipam_that_never_answers_ends_with_its_caller(
+        topo: Topology, agent: Agent, tmp_path: Path) -> None:
+    """Issue 45: 130 ADDs (more than --max-inflight) whose third-party IPAM sleeps for a day, each shim
+    killed once the agent runs its IPAM (as the runtime's timeout kills the plugin process): the agent
+    kills each IPAM with its process group (its sleeping child too), reaps it, undoes the ADD and frees
+    the call's slot, so that a normal call is served by the agent afterwards, and nothing is left."""
+    until(lambda: "up to 128 requests at once" in agent.log.read_text(), "the agent serving, at most 128")
+    bindir, marks = day_ipam(tmp_path)
+    cfg = {"cniVersion": "1.0.0", "name": "day", "type": "macvlan", "master": topo.uplink, "dad": "off",
+           "ipam": {"type": "dayipam"}}
+    pod = topo.pod()
+    env = {"PYCNI_AGENT_FIFO": str(agent.fifo), **PATIENT}
+    before, idle = process_state(agent.pid), threads(agent.pid)
+    shims: list[subprocess.Popen[bytes]] = []
+    try:
+        for wave in range(2):
+            batch = [topo.start("macvlan", "ADD", cfg, netns=pod, container_id=f"day{wave}-{i}",
+                                ifname=f"day{i}", path=bindir, env=env) for i in range(WAVE)]
+            shims += batch
+            try:
+                started(marks, (wave + 1) * WAVE)
+            finally:
+                for shim in batch:  # the runtime's timeout: the plugin process alone is killed
+                    shim.kill()
+            for shim in batch:  # a runtime reads its output to end of file: the agent lets go of it
+                shim.communicate(timeout=60)
+            assert {ppid for _, ppid, _ in days(marks)} == {str(agent.pid)}  # all exec'd by the agent
+            until(lambda: not any(running(pid) for line in days(marks) for pid in (line[0], line[2])),
+                  lambda: "the killed shims' IPAMs and their children gone; running: "
+                          f"{[p for line in days(marks) for p in (line[0], line[2]) if running(p)]}", 60)
+            settled(agent.pid, idle)  # the requests ended, their slots free
+    finally:
+        for _, _, sleeper in days(marks):
+            kill_sleeper(sleeper)  # if the agent left it: then its IPAM ends too
+        for shim in shims:
+            for pipe in (shim.stdout, shim.stderr):
+                if pipe is not None:
+                    pipe.close()
+            shim.wait()
+    assert [link["ifname"] for link in topo.links(pod)] == ["lo"]  # each ADD undone
+    assert agent.served("macvlan") == []
+    assert len([x for x in agent.log.read_text().splitlines() if "the caller went away" in x]) == 2 * WAVE
+    host_local = {"type": "host-local", "dataDir": str(tmp_path / "hl"), "subnet": "198.51.100.0/24"}
+    normal = {**cfg, "ipam": host_local}
+    add = topo.run("macvlan", "ADD", normal, netns=pod, path="/usr/lib/cni", env=env)
+    assert add.ok, add
+    assert len(agent.served("served macvlan ADD rc=0")) == 1  # by the agent: it is not busy
+    assert topo.run("macvlan", "DEL", normal, netns=pod, path="/usr/lib/cni", env=env).ok
+    settled(agent.pid, idle)
+    assert process_state(agent.pid) == before
+
+
+def test_an_exec_d_ipam_is_killed_at_the_agents_ipam_timeout(topo: Topology, tmp_path: Path) -> None:
+    """The documented limit (--ipam-timeout) for a caller still waiting (a runtime without a timeout of
+    its own): the IPAM killed with its child, the ADD undone, code 11 answered to the shim."""
+    agent = Agent(tmp_path / "run" / "agent.fifo", tmp_path / "agent.log", "--ipam-timeout=2").start()
+    bindir, marks = day_ipam(tmp_path)
+    cfg = {"cniVersion": "1.0.0", "name": "day", "type": "macvlan", "master": topo.uplink, "dad": "off",
+           "ipam": {"type": "dayipam"}}
+    pod = topo.pod()
+    try:
+        add = topo.run("macvlan", "ADD", cfg, netns=pod, path=bindir,
+                       env={"PYCNI_AGENT_FIFO": str(agent.fifo), **PATIENT})
+        until(lambda: not any(running(pid) for line in days(marks) for pid in (line[0], line[2])),
+              "the IPAM and its child gone")
+    finally:
+        for _, _, sleeper in days(marks):
+            kill_sleeper(sleeper)
+        agent.stop()
+    assert add.rc == 1 and add.out["code"] == 11, add
+    assert add.out["msg"] == "dayipam killed: no answer within 2 s", add
+    assert len(agent.served("served macvlan ADD rc=1")) == 1
+    assert [link["ifname"] for link in topo.links(pod)] == ["lo"]
+
+
 def test_stopped_agent_finishes_the_request_in_flight_then_calls_run_in_process(
     topo: Topology, agent: Agent, tmp_path: Path
 ) -> None:
@@ -182,10 +292,7 @@ def test_stopped_agent_finishes_the_request_in_flight_then_calls_run_in_process(
         pending = pool.submit(topo.run, "macvlan", "ADD", slow, netns=pods[0], path=slow_bindir, env=env)
         pids = wait_for(marks)
         agent.signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while agent.fifo.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not agent.fifo.exists()  # stopping: new calls go in-process at once
+        until(lambda: not agent.fifo.exists(), "the FIFO removed")  # stopping: new calls go in-process
         during = run(topo, agent, "ADD", cfg, pods[1], 1, tmp_path)
         assert during.ok, during
         kill_sleeper(pids[0])  # the in-flight request ends (its IPAM failed)...
@@ -210,10 +317,7 @@ def test_a_stopped_agent_leaves_every_call_to_the_in_process_path(
     pool = ThreadPoolExecutor(1)
     agent.signal(signal.SIGSTOP)
     try:
-        deadline = time.monotonic() + 30
-        while not procs.stopped(agent.pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert procs.stopped(agent.pid)
+        until(lambda: procs.stopped(agent.pid), "the agent stopped (SIGSTOP)")
         add = pool.submit(run, topo, agent, "ADD", cfg, pod, 0, tmp_path).result(timeout=60)
         assert add.ok, add
         assert topo.addrs(pod, "net1") == [add.out["ips"][0]["address"]]

@@ -27,8 +27,9 @@ from ipam.store.base import Store
 from ipam.store.kube import KubeStore
 from tests.kubeapi.emulator import CRDS, free_port
 from tests.kubeup import Tenant
+from tests.skips import NO_OUTSIDE_CLUSTER, OUTSIDE_CLUSTER_ENV
 
-REAL_ENV = "PYCNI_TEST_KUBECONFIG"
+REAL_ENV = OUTSIDE_CLUSTER_ENV
 PAGE = 16  # objects per list page in the tests: small, so iter_* pages
 
 
@@ -114,9 +115,7 @@ def real_cluster(tmp: Path) -> Iterator[RealFactory]:
 
     source = os.environ.get(REAL_ENV)
     if not source:
-        pytest.skip(
-            f"{REAL_ENV} is not set: the real-cluster variant needs a cluster (the emulator variant ran)"
-        )
+        pytest.skip(NO_OUTSIDE_CLUSTER)
     client = Client(load_kubeconfig(source))
     try:
         ensure_crds(client)

@@ -16,9 +16,11 @@ import pytest
 from tests import kubeup
 from tests.bench.ipam_scale import Pod, Pycni, Workload, held, network_config, one_call
 from tests.nsutil import is_root
-from tests.unit.helpers import in_threads, until
+from tests.skips import ROOT
+from tests.unit.helpers import in_threads
+from tests.waits import until
 
-pytestmark = pytest.mark.skipif(not is_root(), reason="the agent serves root only")
+pytestmark = pytest.mark.skipif(not is_root(), reason=f"{ROOT}the agent serves root only")
 
 
 def _entry(tenant: kubeup.Tenant, ip: str) -> dict[str, Any] | None:
@@ -125,7 +127,8 @@ def test_with_answer_before_write_a_call_returns_reserved_and_the_pool_follows(
         assert len({c.ip for c, _ in adds}) == n
         for (c, res), pod in zip(adds, pods, strict=True):
             assert res is not None and res["containerid"] == pod.sandbox, (c.ip, res)
-        assert until(lambda: {e["id"] for _, _, e in held(tenant)} == {p.sandbox for p in pods}, 60)
+        until(lambda: {e["id"] for _, _, e in held(tenant)} == {p.sandbox for p in pods},
+              "every pod's entry names its sandbox", 60)
         for (c, _), pod in zip(adds, pods, strict=True):
             entry = _entry(tenant, c.ip)
             assert entry is not None and entry["id"] == pod.sandbox

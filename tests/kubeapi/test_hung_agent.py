@@ -21,8 +21,9 @@ import pytest
 from tests import kubeup
 from tests.bench.ipam_scale import Pod, Pycni, Workload, held, network_config, one_call
 from tests.nsutil import is_root
+from tests.skips import ROOT
 
-pytestmark = pytest.mark.skipif(not is_root(), reason="the agent serves root only")
+pytestmark = pytest.mark.skipif(not is_root(), reason=f"{ROOT}the agent serves root only")
 # per-network: net 1 and net 2 are two pools (198.19.1.0/24, 198.19.2.0/24)
 WL = Workload(pods=4, networks=2, nodes=1, concurrency=1, mode="per-network", budget=120.0,
               call_timeout=120.0)  # fmt: skip

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,7 @@ from ipam.store.names import pool_name, reservation_name
 from tests.kubeapi.factory import open_kube
 from tests.kubeup import Tenant
 from tests.unit.ipam.test_podwatch import Once
+from tests.waits import until
 
 NET_A, NET_B = "198.51.100.0/24", "198.18.0.0/24"
 WAIT = 60.0  # seconds at most for a sweep the test awaits (it normally takes well under one)
@@ -95,13 +96,6 @@ def opened(tenant: Tenant, tmp_path: Path, on_report: Swept | None = None) -> Po
     if on_report is not None:
         w.on_report = on_report
     return w
-
-
-def until(probe: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT
-    while not probe():
-        assert time.monotonic() < deadline, "not within {WAIT} s"
-        time.sleep(0.05)
 
 
 def node_of(tenant: Tenant) -> str:
@@ -228,7 +222,7 @@ def test_a_dropped_watch_resumes_and_a_relist_catches_what_it_missed(
         # dropped: the connection ends under the reader; the watch resumes from its version, no LIST.
         # The watch is reading once it has passed on an event (a pod created for that)
         tenant.create_pod("x", node=node)
-        until(lambda: "ADDED" in counted.events)
+        until(lambda: "ADDED" in counted.events, "the watch passed on an event", WAIT)
         assert w.lists == 1 and counted.requests.count("watch") == 1
         w.client.http.interrupt()
         tenant.delete_pod("a")
@@ -265,11 +259,14 @@ def test_the_agent_watches_its_nodes_pods_and_exports_what_the_watch_did(
     agent = agentutil.Agent(tmp_path / "agent.fifo", tmp_path / "agent.log", f"--pod-watch={flat}",
                             env={"NODENAME": node}).start()
     try:
-        until(lambda: f"pod watch on node {node}" in agent.log.read_text())
-        until(lambda: value(scrape(agent.metrics_url()), "pycni_podwatch_requests_total", verb="watch") == 1)
+        until(lambda: f"pod watch on node {node}" in agent.log.read_text(), "the pod watch on", WAIT)
+        until(lambda: value(scrape(agent.metrics_url()), "pycni_podwatch_requests_total", verb="watch") == 1,
+              "one watch request counted", WAIT)
         tenant.delete_pod("web-1")
-        until(lambda: not tenant.pools()[pool_name(NET_A)] and not tenant.reservations())
-        until(lambda: value(scrape(agent.metrics_url()), "pycni_podwatch_freed_total") == 2)
+        until(lambda: not tenant.pools()[pool_name(NET_A)] and not tenant.reservations(),
+              "the deleted pod's entry and reservation freed", WAIT)
+        until(lambda: value(scrape(agent.metrics_url()), "pycni_podwatch_freed_total") == 2,
+              "two frees counted", WAIT)
         got = scrape(agent.metrics_url())
     finally:
         assert agent.stop() == 0
@@ -326,7 +323,7 @@ def test_an_exception_at_each_point_leaves_the_watch_freeing_the_next_deletion(
         swept.covering(ns, "a")
         tenant.delete_pod("b")
         swept.covering(ns, "b")
-        until(w.health.is_up)
+        until(w.health.is_up, "the pod watch up again", WAIT)
     finally:
         w.close()
     assert once.fired.is_set(), f"{point} was never reached"

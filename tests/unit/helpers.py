@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import threading
-import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -113,17 +112,6 @@ def in_threads(n: int, call: Callable[[int], Any], timeout: float = 60.0) -> lis
     assert not [t for t in threads if t.is_alive()], "a call did not return"
     assert not errors, errors
     return out
-
-
-def until(cond: Callable[[], object], timeout: float = 30.0) -> bool:
-    """Whether `cond()` became true, polled until `timeout` seconds passed: waiting for a state another
-    thread reaches, however slowly (the timeout only guards against a hang)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.002)
-    return True
 
 
 def written(op: Op) -> None:

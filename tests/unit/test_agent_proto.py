@@ -16,7 +16,7 @@ import pytest
 from cni import procs
 from cni.agent import client, proto
 from tests.agentutil import Claimed, fake_agent, listener, make_fifo, read_line
-from tests.unit.helpers import until
+from tests.waits import until
 
 
 @pytest.fixture
@@ -223,7 +223,7 @@ def test_a_request_claimed_while_the_shim_withdraws_is_answered_not_run_twice(
 
     def script(c: Claimed) -> None:
         claimed.set()  # the shim's time is up now, not before
-        assert until(lambda: not server.same_pipe(c.pid, c.w, c.inode))  # the shim withdrew
+        until(lambda: not server.same_pipe(c.pid, c.w, c.inode), "the shim withdrew its request")
         c.send(proto.READY)
         c.send(proto.ANSWER, b"0\0late but once\n")
 
@@ -267,7 +267,7 @@ def test_a_stopped_agent_is_not_waited_for(tmp_path: Path, monkeypatch: pytest.M
     try:
         assert not procs.stopped(agent.pid)
         agent.send_signal(signal.SIGSTOP)
-        assert until(lambda: procs.stopped(agent.pid))
+        until(lambda: procs.stopped(agent.pid), "the agent stopped (SIGSTOP)")
         monkeypatch.setenv(client.TIMEOUT_ENV, "300")
         with pytest.raises(client.Unreachable, match=f"the agent \\(pid {agent.pid}\\) is stopped"):
             call(fifo)
@@ -341,7 +341,7 @@ def test_requests_still_in_the_fifo_when_the_agent_stops_are_refused_at_once(tmp
 
     t = threading.Thread(target=shim)
     t.start()
-    assert until(lambda: client.readable(agent.fifo, 0))  # the shim wrote its request line
+    until(lambda: client.readable(agent.fifo, 0), "the shim wrote its request line")
     agent.close()
     t.join(30)
     assert [str(e) for e in result] == ["agent refused: the agent is stopping"]

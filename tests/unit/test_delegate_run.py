@@ -7,11 +7,17 @@ import errno
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cni.delegate import run
+from cni.delegate import Bound, Killed, run
+from tests.waits import until
+
+DAY = 86400
+ENV = {"PATH": os.defpath}
 
 
 def script(tmp_path: Path, body: str) -> str:
@@ -102,3 +108,88 @@ def test_closed_stdio_falls_back_to_subprocess_without_leaking(tmp_path: Path) -
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parents[2]))
     assert out.stdout.split() == ["True", "True"], out.stderr
+
+
+# ---- bounded by the caller (the agent: cni.delegate.Bound) --------------------------------------------
+
+
+@pytest.fixture
+def caller() -> Iterator[list[int]]:
+    """[r, w]: a pipe standing for a shim's answer pipe (the agent watches w; r is the shim's end)."""
+    fds = list(os.pipe())
+    yield fds
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
+
+
+def running(pid: str) -> bool:
+    """Whether `pid` runs (a zombie has exited: the killed grandchild waits for init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def reaped(pid: str) -> bool:
+    try:
+        os.waitpid(int(pid), os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def test_a_bounded_run_answers_as_an_unbounded_one(tmp_path: Path, caller: list[int]) -> None:
+    binary = script(tmp_path, 'cat; echo "to stderr" >&2; exit 3\n')
+    before = set(os.listdir("/proc/self/fd"))
+    bound = Bound(caller[1], 60)
+    for _ in range(5):
+        assert run(binary, b"in", ENV, bound) == (3, b"in", b"to stderr\n")
+    closes = script(tmp_path, "cat; exec >&- 2>&-; sleep 0.2\n")  # its output ends before it does
+    assert run(closes, b"x", ENV, bound) == (0, b"x", b"")
+    assert not bound.gone and set(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_bounded_child_dies_with_its_process_group_when_its_caller_goes_away(
+        tmp_path: Path, caller: list[int]) -> None:
+    """Issue 45: an IPAM that would sleep for a day in a child of its own. Once the caller's end of the
+    answer pipe closes (the runtime killed the shim), the IPAM and its child are killed, the IPAM is
+    reaped, and the call fails with code 11; nothing else is started for that caller."""
+    marks = tmp_path / "marks"
+    binary = script(tmp_path, f'sleep {DAY} &\necho "$$ $!" > {marks}.tmp\nmv {marks}.tmp {marks}\nwait\n')
+    bound = Bound(caller[1], 3600)
+
+    def shim_killed() -> None:
+        until(marks.exists, "the IPAM started")
+        os.close(caller[0])
+        caller[0] = -1
+
+    killer = threading.Thread(target=shim_killed)
+    killer.start()
+    with pytest.raises(Killed) as info:
+        run(binary, b"{}", ENV, bound)
+    killer.join()
+    assert info.value.code == 11 and info.value.msg == f"{Path(binary).name} killed: the caller went away " \
+        "(the runtime gave up on the call)"
+    assert bound.gone
+    ipam, child = marks.read_text().split()
+    assert reaped(ipam)
+    until(lambda: not running(child), "the IPAM's child killed with it")
+    touched = tmp_path / "touched"
+    with pytest.raises(Killed) as info:
+        run(script(tmp_path, f"touch {touched}\n"), b"", ENV, bound)
+    assert info.value.msg.endswith("not started: the caller went away (the runtime gave up on the call)")
+    assert not touched.exists()
+
+
+@pytest.mark.parametrize("body", [f"exec sleep {DAY}\n", f"exec >&- 2>&-\nexec sleep {DAY}\n"],
+                         ids=["silent", "output closed"])
+def test_a_bounded_child_is_killed_at_its_limit(tmp_path: Path, caller: list[int], body: str) -> None:
+    """The documented limit (the agent's --ipam-timeout): also for a child that closed its output and
+    runs on (its exit is what is waited for then)."""
+    bound = Bound(caller[1], 0.2)
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(Killed) as info:
+        run(script(tmp_path, body), b"{}", ENV, bound)
+    assert info.value.code == 11 and info.value.msg == "plugin killed: no answer within 0.2 s"
+    assert not bound.gone and set(os.listdir("/proc/self/fd")) == before

@@ -140,6 +140,37 @@ def test_an_absent_file_names_nothing(tmp_path: Path, capfd: pytest.CaptureFixtu
     assert "warning" not in capfd.readouterr().err
 
 
+def test_the_device_info_file_alone_naming_nothing_is_what_the_plugins_error_names(tmp_path: Path) -> None:
+    """Issue 45: runtimeConfig.CNIDeviceInfoFile the only source given, and the file absent (or of a
+    type without a PCI device): sriov and host-device name the file they looked for and what they found
+    there, not a field the user never set; with no source at all, their own messages."""
+    from cni.plugins import hostdevice
+    from cni.plugins.sriov import SriovConf
+
+    def sriov(**conf: Any) -> str:
+        with pytest.raises(CniError) as info:
+            SriovConf.from_request(req(**conf))
+        assert info.value.code == 7
+        return info.value.msg
+
+    def host_device(**conf: Any) -> str:
+        with pytest.raises(CniError) as info:
+            hostdevice.selector(req(**conf))
+        assert info.value.code == 7
+        return info.value.msg
+
+    absent = str(tmp_path / "absent")
+    vhost = info_file(tmp_path, {"type": "vhost-user", "version": "1.1.0", "vhost-user": {"path": "/x.sock"}})
+    for path, found in ((absent, "no such file"), (vhost, 'its type "vhost-user" names no PCI device')):
+        given = {"runtimeConfig": {"CNIDeviceInfoFile": path}}
+        file = f'runtimeConfig.CNIDeviceInfoFile: "{path}": {found}, and no other field names the device'
+        assert sriov(**given) == f"{file} (runtimeConfig.deviceID, deviceID or pciBusID)"
+        assert host_device(**given) == (
+            f"{file} (device, hwaddr, kernelpath, runtimeConfig.deviceID, deviceID or pciBusID)")
+    assert sriov().startswith("deviceID: required (the VF's PCI address")
+    assert host_device().startswith("specify one of device, hwaddr, kernelpath, pciBusID or deviceID")
+
+
 def test_an_auxiliary_id_is_not_compared_with_the_files_pci_address(tmp_path: Path) -> None:
     path = info_file(tmp_path, pci_info(VF))
     assert named(runtimeConfig={"deviceID": AUX, "CNIDeviceInfoFile": path}) == (

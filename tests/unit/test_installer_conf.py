@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from cni.errors import CniError
 from tests.bundle_layouts import FAKE_EXE, fake_layout, opts
 from tests.logtee import PYTHONPATH
 from tests.nsutil import REPO
+from tests.waits import until
 
 pytestmark = pytest.mark.skipif(not FAKE_EXE.exists(), reason=f"{FAKE_EXE} (containernetworking-plugins)")
 SERVER = "https://[2001:db8::10]:6443"
@@ -93,16 +93,20 @@ def test_local_datastore_writes_no_credentials(tmp_path: Path) -> None:
     assert jsonio.loads((conf / hostconf.FLAT).read_bytes())["datastore"] == "local"
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def holds(cond: Callable[[], bool]) -> Callable[[], bool]:
+    """`cond`, false while what it reads is not there yet, or still the broken one."""
+    def check() -> bool:
         try:
-            if cond():
-                return True
-        except (OSError, ValueError, CniError):  # a file not there yet, or still the broken one
-            pass
-        time.sleep(0.05)
-    return False
+            return cond()
+        except (OSError, ValueError, CniError):
+            return False
+
+    return check
+
+
+def log_of(tmp_path: Path) -> Path:
+    """The stderr of the installers `serve` started."""
+    return tmp_path / "installer.log"
 
 
 @pytest.fixture
@@ -112,8 +116,8 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     def start(*args: str) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "bundler.install", "--interval", "0.1", "--full-verify-every", "2",
                *args]
-        p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": PYTHONPATH},
-                             stderr=subprocess.PIPE)
+        with log_of(tmp_path).open("ab") as log:
+            p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": PYTHONPATH}, stderr=log)
         procs.append(p)
         return p
 
@@ -130,15 +134,16 @@ def test_long_running_mode(tmp_path: Path, sa: tuple[Path, Path],
     bin_dir, conf, ready = tmp_path / "bin", tmp_path / "net.d", tmp_path / "ready"
     p = serve("--cni-bin-dir", str(bin_dir), "--cni-conf-dir", str(conf), "--source", str(src),
               "--ready-file", str(ready), *kube_args(sa))
-    assert wait_for(ready.exists), p.stderr.read() if p.stderr and p.poll() is not None else "not ready"
+    until(ready.exists, lambda: f"ready; the installer's log:\n{log_of(tmp_path).read_text()}")
     assert os.readlink(bin_dir / "macvlan").startswith(".pycni/")  # ready means complete
     assert (conf / hostconf.KUBECONFIG).exists() and (conf / hostconf.NODENAME).exists()
     sa[0].write_bytes(b"token-generation-2")  # the kubelet rotates the projected token
-    assert wait_for(lambda: (conf / hostconf.TOKEN).read_bytes() == b"token-generation-2")
+    until(holds(lambda: (conf / hostconf.TOKEN).read_bytes() == b"token-generation-2"), "the token rotated")
     (bin_dir / "macvlan").unlink()
     (conf / hostconf.FLAT).write_bytes(b'{"datastore": "kub')  # someone truncated it
-    assert wait_for((bin_dir / "macvlan").is_symlink)
-    assert wait_for(lambda: jsonio.loads((conf / hostconf.FLAT).read_bytes())["datastore"] == "kubernetes")
+    until((bin_dir / "macvlan").is_symlink, "the removed entry repaired")
+    until(holds(lambda: jsonio.loads((conf / hostconf.FLAT).read_bytes())["datastore"] == "kubernetes"),
+          "the truncated flat file repaired")
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=10) == 0
     assert not ready.exists(), "not ready once stopped"
@@ -152,13 +157,14 @@ def test_not_ready_until_a_complete_install(tmp_path: Path,
     ready = tmp_path / "ready"
     p = serve("--cni-bin-dir", str(tmp_path / "bin"), "--cni-conf-dir", str(tmp_path / "net.d"),
               "--source", str(src), "--ready-file", str(ready), "--ipam-datastore", "local")
-    assert not wait_for(ready.exists, timeout=1.5)
+    log = log_of(tmp_path)
+    until(lambda: b"does not match its manifest" in log.read_bytes(), "a pass refused the layout")
+    assert not ready.exists()  # that pass failed: not ready
     probe = subprocess.run([sys.executable, "-m", "bundler.install", "--probe", "--ready-file", str(ready)],
                            cwd=REPO, check=False)
     assert probe.returncode == 1
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=10) == 0
-    assert p.stderr is not None and b"does not match its manifest" in p.stderr.read()
 
 
 def test_uninstall_mode_cleans_and_reports_ready(tmp_path: Path,
@@ -169,7 +175,7 @@ def test_uninstall_mode_cleans_and_reports_ready(tmp_path: Path,
     install.install_once(opts(bin_dir, conf, src))
     p = serve("--cni-bin-dir", str(bin_dir), "--cni-conf-dir", str(conf), "--source", str(src),
               "--ready-file", str(ready), "--ipam-datastore", "local", "--uninstall")
-    assert wait_for(ready.exists)
+    until(ready.exists, lambda: f"ready; the installer's log:\n{log_of(tmp_path).read_text()}")
     assert list(bin_dir.iterdir()) == [] and not conf.exists()
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=10) == 0

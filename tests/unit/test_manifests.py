@@ -19,10 +19,11 @@ import yaml
 from bundler import build, cli
 from cni.registry import entries
 from ipam import rbac
+from tests import kubeup
 from tests.nsutil import REPO
 
 MANIFESTS = REPO / "bundler" / "manifests"
-UPSTREAM_CRDS = REPO.parent / "shared" / "upstream" / "whereabouts-crds"
+UPSTREAM_CRDS = kubeup.UPSTREAM / "whereabouts-crds"
 IMAGE_ROOT = "/pycni/cni-bin"
 
 
@@ -59,9 +60,12 @@ def test_kustomization_lists_every_manifest_and_sets_the_image() -> None:
     assert images == {i["name"] for i in kust["images"]}
 
 
-@pytest.mark.skipif(not UPSTREAM_CRDS.is_dir(), reason=f"{UPSTREAM_CRDS} (shared/ beside the clone)")
+@pytest.mark.skipif(bool(kubeup.shared_missing("whereabouts-crds")),
+                    reason=kubeup.shared_missing("whereabouts-crds"))
 def test_crds_are_the_upstream_ones() -> None:
-    for src in UPSTREAM_CRDS.glob("*.yaml"):
+    crds = sorted(UPSTREAM_CRDS.glob("*.yaml"))
+    assert crds, f"no CRD in {UPSTREAM_CRDS}"
+    for src in crds:
         assert (MANIFESTS / "crds" / src.name).read_bytes() == src.read_bytes(), src.name
 
 

@@ -19,7 +19,7 @@ from ipam.engine import Engine
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.store.base import Conflict
 from tests.memstore import Backend, MemoryStore, _Pool
-from tests.unit.helpers import until
+from tests.waits import until
 
 RANGE = "198.51.100.0/24"
 POOL = "198.51.100.0-24"
@@ -89,7 +89,7 @@ def test_calls_that_arrive_during_a_write_share_the_next_and_return_after_it(
     rest: list[Any] = []
     for i in range(1, n + 1):
         threads.append(_start(lambda i=i: add(i), rest))  # type: ignore[misc]
-        assert until(lambda i=i: comb.pending() == i)  # type: ignore[misc]
+        until(lambda i=i: comb.pending() == i, f"{i} calls pending")  # type: ignore[misc]
     assert first == [] and rest == []  # nobody answered while the pool write is held
     s.gate.set()
     for t in threads:
@@ -116,7 +116,7 @@ def test_calls_that_arrive_during_a_write_share_the_next_and_return_after_it(
     assert s.arrived.wait(30)
     for i in range(1, n + 1):
         threads.append(_start(lambda i=i: delete(i), done))  # type: ignore[misc]
-        assert until(lambda i=i: comb.pending() == i)  # type: ignore[misc]
+        until(lambda i=i: comb.pending() == i, f"{i} calls pending")  # type: ignore[misc]
     assert done == []
     s.gate.set()
     for t in threads:
@@ -180,9 +180,9 @@ def test_two_configurations_of_one_pool_keep_their_own_entries(agent: None, tmp_
     assert lean.arrived.wait(30)
     comb = batch.combiner((lean.engine().identity, POOL))
     t1 = _start(lambda: lean.engine().add(a), got)
-    assert until(lambda: comb.pending() == 1)
+    until(lambda: comb.pending() == 1, "one call pending")
     t2 = _start(lambda: full.engine().add(b), got)  # the latest caller: non-overlapping
-    assert until(lambda: comb.pending() == 2)
+    until(lambda: comb.pending() == 2, "two calls pending")
     lean.gate.set()
     for t in (warm, t1, t2):
         t.join(30)

@@ -30,7 +30,8 @@ from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.operation import Op
 from ipam.ranges import IPRange
 from tests.memstore import Backend, MemoryStore
-from tests.unit.helpers import decided, in_threads, until, written
+from tests.unit.helpers import decided, in_threads, written
+from tests.waits import until
 
 A = Allocation("ca", "ns/a", "net1", "", "n", "node1")
 B = Allocation("cb", "ns/b", "net1", "", "n", "node1")
@@ -104,7 +105,7 @@ class GatedStore(CountingStore):
         if not self.writes:
             self.arrived.set()
             first = len(update.put) + len(update.remove)
-            assert until(lambda: self.waiting().pending() >= self.n - first), "the other calls never queued"
+            until(lambda: self.waiting().pending() >= self.n - first, "the other calls queued")
         return super().commit_pool(pool, update)
 
 
@@ -205,7 +206,7 @@ def test_combiner_runs_queued_ops_of_other_threads() -> None:
     others = [threading.Thread(target=comb.run, args=([ops[k]], execute)) for k in "bc"]
     for t in others:
         t.start()
-    assert until(lambda: comb.pending() == 2)  # both queued behind the running batch
+    until(lambda: comb.pending() == 2, "both queued behind the running batch")
     release.set()
     for t in (first, *others):
         t.join(30)
@@ -260,7 +261,7 @@ def test_node_lock_held_by_a_stopped_process_is_not_waited_for(
                 nodelock.held(path, patience=0.05):  # fmt: skip
             pass
         holder.send_signal(signal.SIGSTOP)
-        assert until(lambda: procs.stopped(holder.pid))
+        until(lambda: procs.stopped(holder.pid), "the holder stopped (SIGSTOP)")
         with nodelock.held(path) as lock:  # the default patience: a wait would end in TryAgainError
             assert lock is None
         assert f"held by pid {holder.pid}, which is stopped: running without it" in capfd.readouterr().err

@@ -16,9 +16,10 @@ from ipam.config import from_dict
 from ipam.model import Allocation
 from ipam.operation import Op
 from tests import nsutil
+from tests.skips import ROOT
 from tests.unit.helpers import written
 
-pytestmark = pytest.mark.skipif(not nsutil.is_root(), reason="needs root: makes a network namespace")
+pytestmark = pytest.mark.skipif(not nsutil.is_root(), reason=f"{ROOT}makes a network namespace")
 
 
 def _netns() -> int:

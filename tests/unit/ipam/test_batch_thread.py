@@ -16,8 +16,9 @@ from cni import faults
 from cni.errors import CniError, Code
 from ipam import batch, operation
 from ipam.operation import Op
-from tests.unit.helpers import until, written
+from tests.unit.helpers import written
 from tests.unit.ipam.test_agent_batches import POOL, Setup, owner
+from tests.waits import until
 
 POINTS = ["batch-take", "batch-done"]
 
@@ -79,9 +80,9 @@ def test_a_fault_in_the_batch_thread_answers_every_caller(
     got_b: list[Any] = []
     got_c: list[Any] = []
     b = _start(lambda: s.engine().add(owner(2))[0][1], got_b)
-    assert until(lambda: comb.pending() == 1)
+    until(lambda: comb.pending() == 1, "one call pending")
     c = _start(lambda: s.engine().add(owner(3))[0][1], got_c)
-    assert until(lambda: comb.pending() == 2)
+    until(lambda: comb.pending() == 2, "two calls pending")
     s.gate.set()
     for t in (a, b, c):
         t.join(60)

@@ -14,6 +14,7 @@ from cni.errors import Code, ConfigError
 from cni.types import fields
 from ipam import config
 from ipam.config import from_dict, load, merge
+from tests.skips import OWN_FLAT_FILE
 
 
 def bad(d: dict[str, Any], field: str, text: str = "") -> None:
@@ -227,7 +228,7 @@ def test_the_default_flat_file_locations_are_the_ones_named() -> None:
     """The plugin's own candidates, as upstream's."""
     there = [p for p in config.FLAT_FILES if os.path.lexists(p)]
     if there:
-        pytest.skip(f"this machine has a flat file of its own: {there}")
+        pytest.skip(f"{OWN_FLAT_FILE} of its own: {there}")
     err = no_store(NETOP, config.FLAT_FILES)
     assert "no flat file at " + ", ".join(config.FLAT_FILES) in err.details
     assert "/etc/cni/net.d/whereabouts.d/whereabouts.conf" in config.FLAT_FILES

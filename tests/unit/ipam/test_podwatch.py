@@ -19,7 +19,7 @@ from ipam.podsource import PodInfo
 from ipam.podwatch import Job, PodWatch, ScopedReconciler
 from ipam.store.names import pool_name, reservation_name
 from tests.memstore import MemoryStore
-from tests.unit.helpers import until
+from tests.waits import until
 
 NET_A, NET_B = "198.51.100.0/24", "198.18.0.0/24"
 GONE = Allocation("c1", "ns/web-1", "net1", "uid-gone", "netA", "node-a")
@@ -363,7 +363,7 @@ def test_the_relist_waits_for_room_while_the_sweeper_is_behind() -> None:
         w.jobs.put(Job(gone={("ns", name): {"u" + name}}))
     t = threading.Thread(target=w.watch_once)
     t.start()
-    assert until(lambda: w.lists == 1)  # listed; its job waits for room
+    until(lambda: w.lists == 1, "the watch listed")  # its job waits for room
     assert w.jobs.qsize() == 2 and t.is_alive()
     taken = w.take(block=False)  # the sweeper takes everything queued
     assert taken is not None and set(taken.gone) == {("ns", "x"), ("ns", "y")}
@@ -481,7 +481,7 @@ def test_the_watch_and_the_sweeper_outlive_an_exception_at_each_point(
         gate.set()
         with reports.cond:
             assert reports.cond.wait_for(lambda: reports.swept("db-0"), 30), reports.done
-        assert until(w.health.is_up)
+        until(w.health.is_up, "the pod watch up again")
     finally:
         w.close()
     assert once.fired.is_set(), f"{point} was never reached"
