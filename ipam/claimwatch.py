@@ -275,9 +275,10 @@ class NotKubernetes(Exception):
 
 def open_claim_watch(configuration_path: str = "",
                      say: Callable[[str], None] = lambda line: log.warning("%s", line),
-                     **options: Any) -> ClaimWatch:  # fmt: skip
+                     records: str = "", **options: Any) -> ClaimWatch:  # fmt: skip
     """The claim watch over the store of the node's flat file (found as the plugin finds it), with the
-    records beside its pool locks; `options`: ClaimWatch's. ConfigError when there is no flat file yet;
+    records in `records` (default: beside the flat file's local_db, where the plugin writes them unless
+    a NAD names another local_db); `options`: ClaimWatch's. ConfigError when there is no flat file yet;
     NotKubernetes for another store."""
     from ipam import config
     from ipam.kubeapi import load_kubeconfig
@@ -289,5 +290,5 @@ def open_claim_watch(configuration_path: str = "",
     kube = load_kubeconfig(conf.kubernetes.kubeconfig)
     store = KubeStore(Client(kube), kube.namespace, role=rbac.NODE)
     watch = Client(kube, timeout=(3.0, WATCH_TIMEOUT + READ_SLACK))
-    records = Records(os.path.join(os.path.dirname(conf.local_db), RECORDS))
-    return ClaimWatch(watch, store, records, say=say, **options)
+    where = records or os.path.join(os.path.dirname(conf.local_db), RECORDS)
+    return ClaimWatch(watch, store, Records(where), say=say, **options)

@@ -47,6 +47,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help="free what deleted IPAMClaims held, on the Kubernetes store of the node's flat "
                          "file, while this node holds claims (PATH: that file or its directory; auto: "
                          "where the plugin finds it; default auto)")
+    ap.add_argument("--claim-records", default="", metavar="DIR",
+                    help="where the plugins record the IPAMClaims this node allocated for (default: "
+                         "claims/ beside the flat file's local_db, /var/lib/cni/pycni/claims; give the "
+                         "NADs' when they name another local_db)")
     return ap.parse_args(argv)
 
 
@@ -149,10 +153,11 @@ def start_pod_watch(spec: str, env: dict[str, str] | os._Environ[str] = os.envir
     return stop
 
 
-def start_claim_watch(spec: str, every: float = WATCH_RETRY) -> threading.Event | None:
+def start_claim_watch(spec: str, records: str = "", every: float = WATCH_RETRY) -> threading.Event | None:
     """Start the IPAMClaim watch (ipam.claimwatch) in the background, unless `spec` is off; opened like
     the pod watch (the flat file looked for every `every` seconds, another store than Kubernetes ends
-    it). It makes no request while the node holds no claim. The event stops it."""
+    it), with the node's claim records in `records` (default: beside the flat file's local_db). It
+    makes no request while the node holds no claim. The event stops it."""
     from cni.agent.server import say
 
     if spec == "off":
@@ -166,7 +171,7 @@ def start_claim_watch(spec: str, every: float = WATCH_RETRY) -> threading.Event 
 
         while not stop.is_set():
             try:
-                watch = open_claim_watch(path, say)
+                watch = open_claim_watch(path, say, records)
             except NotKubernetes:
                 return  # no claims on another store (the plugin refuses allowPersistentIPs there)
             except Exception:  # no flat file yet, or a kubeconfig that cannot be used yet: again later
@@ -203,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     serve_metrics(args.metrics, build_id())
     watching = start_pod_watch(args.pod_watch)
-    claims = start_claim_watch(args.claim_watch)
+    claims = start_claim_watch(args.claim_watch, args.claim_records)
 
     def stop(*_: Any) -> None:
         agent.stop()

@@ -273,6 +273,11 @@ def overlay_changes(cluster: Cluster, tag: str) -> list[tuple[str, str, Any, str
         ("add", f"{spec}/containers/1/command/-", f"--pod-watch={conf}/whereabouts.d/whereabouts.conf",
          "the agent's pod watch reads the flat file where this node's conf dir is (not at the default "
          "/etc/cni/net.d, where it would look by itself)"),
+        ("add", f"{spec}/containers/1/command/-", f"--claim-watch={conf}/whereabouts.d/whereabouts.conf",
+         "the agent's IPAMClaim watch too"),
+        ("add", f"{spec}/containers/1/command/-", f"--claim-records={cluster.state_dir}/pycni/claims",
+         "the IPAMClaim records the plugins write beside the test NADs' local_db (under the test's own "
+         "state dir)"),
     ]
 
 

@@ -43,13 +43,16 @@ def test_the_overlay_changes_exactly_what_it_lists(installed: Installed) -> None
             at = at[int(part)] if isinstance(at, list) else at[part]
         assert at["name"] == name, (path, at["name"])
     expected = set()
+    appended: dict[str, int] = {}  # list -> items the overlay appended to it so far
     for op, path, _, why in kubenode.overlay_changes(node, installed.tag):
         assert why
         if op == "add" and path.endswith("/-"):
             at = ds
             for part in path.strip("/").split("/")[:-1]:
                 at = at[int(part)] if isinstance(at, list) else at[part]
-            expected.add(("DaemonSet/pycni-system/pycni-node", f"{path[:-2]}/{len(at)}"))
+            index = len(at) + appended.get(path, 0)
+            appended[path] = appended.get(path, 0) + 1
+            expected.add(("DaemonSet/pycni-system/pycni-node", f"{path[:-2]}/{index}"))
         else:
             expected.add(("DaemonSet/pycni-system/pycni-node", path))
     workloads = ("DaemonSet/pycni-system/pycni-node", "Deployment/pycni-system/pycni-reconciler")

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from cni.errors import Code
-from ipam import cli
+from ipam import batch, cli
 from ipam.claimref import ClaimRef
 from ipam.claimwatch import ClaimWatch, Records, open_claim_watch
 from ipam.kubeapi import Client, load_kubeconfig
@@ -208,7 +208,21 @@ def test_without_the_crd_only_a_pod_naming_a_claim_fails_and_clearly(kube: KubeS
 # ---- ADD, DEL, CHECK -------------------------------------------------------------------------------------
 
 
-def test_a_vm_keeps_its_address_across_restarts_and_a_live_migration(crd: KubeServer, node: Node) -> None:
+@pytest.fixture(params=["plugin", "agent"])
+def mode(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The calls as a plugin process makes them, or through the agent's pool batches (ipam.batch)."""
+    if request.param == "agent":
+        batch.share(True)
+    try:
+        yield str(request.param)
+    finally:
+        if request.param == "agent":
+            assert batch.settle_all(30)
+            batch.share(False)
+
+
+def test_a_vm_keeps_its_address_across_restarts_and_a_live_migration(crd: KubeServer, node: Node,
+                                                                     mode: str) -> None:  # fmt: skip
     other = node.launcher("web-1", "none")  # an ordinary pod of the same network, before and after
     claim = node.claim("vm-a")
     first = node.launcher("virt-launcher-vm-a-x1", "vm-a", claim=claim["metadata"]["name"])
