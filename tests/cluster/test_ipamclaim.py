@@ -3,11 +3,12 @@ shipped (its agent and claim watch included) and the upstream IPAMClaim CRD (../
 No KubeVirt here: the test writes what it would, exactly as ipam-extensions writes it, the claim
 `vm-a.tenantred` (owned by the VM, finalizer `kubevirt.io/persistent-ipam`, `spec.network` the NAD
 config's name, `spec.interface` empty) and the launcher pods' `k8s.v1.cni.cncf.io/networks` entry
-(KubeVirt's interface name `pod<sha256(network)[:11]>`, `ipam-claim-reference`); the NAD has
-`"allowPersistentIPs": true`. A "VM" restarted (its launcher pod deleted, a new one created) keeps its
-address, a migration target (a second launcher pod while the first runs) gets it too and the source's
-deletion frees nothing, and the claim deleted (ipam-extensions' way: marked deleted, then its finalizer
-removed) frees the address and its reservation within seconds (the agent's claim watch)."""
+(KubeVirt's interface name `pod<sha256(network)[:11]>`, `ipam-claim-reference`); the NAD is
+conf-examples/kubernetes/macvlan-persistent-ips.yaml (`"allowPersistentIPs": true`). A "VM" restarted
+(its launcher pod deleted, a new one created) keeps its address, a migration target (a second launcher
+pod while the first runs) gets it too and the source's deletion frees nothing, and the claim deleted
+(ipam-extensions' way: marked deleted, then its finalizer removed) frees the address and its
+reservation within seconds (the agent's claim watch)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from tests.cluster import kubenode
 from tests.cluster.pods import SETTLE, Net, addresses, example_nad, pod, ready, sandbox_failures
 from tests.kubeup import IPAMCLAIM_CRD
 
-VM_NAD = "vm-net"
+VM_NAD = "vm-net"  # conf-examples/kubernetes/macvlan-persistent-ips.yaml (its master and range this node's)
 VM_RANGE = ipaddress.ip_network("198.18.64.0/24")
 VM_POOL = "198.18.64.0-24"
 VM_NETWORK = "tenantred"  # the VM's network name (its spec.networks[].name)
@@ -40,11 +41,9 @@ def vm_net(net: Net) -> Iterator[Net]:
     node = net.node
     node.kubectl("apply", "-f", str(IPAMCLAIM_CRD))
     node.kubectl("wait", "--for=condition=Established", "crd/ipamclaims.k8s.cni.cncf.io", "--timeout=60s")
-    nad = example_nad("roce-shared-macvlan.yaml", net.ns, {
-        "name": VM_NAD, "master": net.master, "allowPersistentIPs": True, "ipam.range": str(VM_RANGE),
-        "ipam.exclude": ["198.18.64.0/28"], "ipam.gateway": "198.18.64.1"}, node)  # fmt: skip
-    nad["metadata"]["name"] = VM_NAD
-    node.apply([nad])
+    node.apply([example_nad("macvlan-persistent-ips.yaml", net.ns, {
+        "master": net.master, "ipam.range": str(VM_RANGE), "ipam.exclude": ["198.18.64.0/28"],
+        "ipam.gateway": "198.18.64.1"}, node)])  # fmt: skip
     try:
         yield net
     finally:
