@@ -30,6 +30,8 @@ from ipam import batch, cli
 from ipam.claimref import ClaimRef
 from ipam.claimwatch import ClaimWatch, Records, open_claim_watch
 from ipam.kubeapi import Client, load_kubeconfig
+from ipam.kubepods import KubePodSource
+from ipam.podwatch import ScopedReconciler
 from ipam.reconciler import Report
 from tests.concurrency.harness import Att, run_inline
 from tests.kubeapi import wbupstream
@@ -390,6 +392,36 @@ def test_what_a_claim_costs_an_add_and_a_del(crd: KubeServer, node: Node) -> Non
     restart = rows["ADD, claim, restart"]
     assert (restart["GET pods"], restart["GET ipamclaims"]) == (1, 1) and "PATCH ipamclaims" not in restart
     assert "PATCH ippools" not in restart, rows  # the entry is the claim's already: nothing written
+
+
+def test_gc_and_the_pod_watch_never_free_a_live_claims_address(crd: KubeServer, node: Node) -> None:
+    """CNI GC with no valid attachment, and the pod watch's sweep of the launcher pod deleted (its UID
+    known, and at the agent's start-up): the claim's entry and reservation stay; an ordinary pod's go."""
+    claim = node.claim("vm-v")
+    vm = node.launcher("virt-launcher-vm-v-1", "vm-v", claim=claim["metadata"]["name"])
+    web = node.launcher("web-v", "none")
+    node.add(vm)
+    node.add(web, node.conf(persistent=False))
+    gc = {"CNI_COMMAND": "GC", "CNI_PATH": "/usr/lib/cni", "NODENAME": "node-1"}
+    rc, out = run_inline(gc, {**node.conf(), "cniVersion": "1.1.0", "cni.dev/valid-attachments": []})
+    assert rc == 0, out
+    assert {a["id"] for a in node.entries().values()} == {marker(claim)}
+    assert set(node.reserved()) == {"198.51.100.1"}
+    web = node.launcher("web-w", "none")
+    node.add(web, node.conf(persistent=False))
+    for pod in ("virt-launcher-vm-v-1", "web-w"):
+        node.tenant.delete_pod(pod)
+    gone = {tuple(a.pod.split("/")): frozenset({node.uids[a.cid]}) for a in (vm, web)}
+    store = open_kube(node.tenant.node)
+    pods = KubePodSource(Client(load_kubeconfig(str(node.tenant.node))))
+    try:
+        report = ScopedReconciler(store, pods, gone, "node-1", {}).run()  # deleted, and not listed at start
+    finally:
+        store.close()
+        pods.close()
+    assert report.freed == 2 and not report.errors  # web-w's entry and reservation
+    assert {a["id"] for a in node.entries().values()} == {marker(claim)}
+    assert set(node.reserved()) == {"198.51.100.1"}
 
 
 # ---- the claim deleted -----------------------------------------------------------------------------------
