@@ -163,17 +163,22 @@ def element_for(text: str, ifname: str) -> dict[str, Any] | None:
 def pod_annotation(client: Client, role: str, namespace: str, name: str) -> str | None:
     """The pod's k8s.v1.cni.cncf.io/networks ("" without one); None when the pod does not exist. A GET
     with resourceVersion 0: the API server answers from its cache (the annotation is the webhook's,
-    written when the pod was created)."""
+    written when the pod was created; the kubelet learned of the pod from such a cache). A cache that
+    does not have the pod (another API server's, lagging) is asked again from storage."""
     rbac.require(role, "", "pods", "get")
     path = kubeapi.path_of("", "v1", namespace, "pods", name)
-    try:
-        pod = client.request("GET", path, query={"resourceVersion": "0"})
-    except ApiError as e:
-        if e.status == 404:
-            return None
-        raise TryAgainError(f"kubernetes: get pod {namespace}/{name}: {e}") from None
-    except Unreachable as e:
-        raise TryAgainError(f"kubernetes: get pod {namespace}/{name}: {e}") from None
+    pod = None
+    for query in ({"resourceVersion": "0"}, None):
+        try:
+            pod = client.request("GET", path, query=query)
+            break
+        except ApiError as e:
+            if e.status != 404:
+                raise TryAgainError(f"kubernetes: get pod {namespace}/{name}: {e}") from None
+        except Unreachable as e:
+            raise TryAgainError(f"kubernetes: get pod {namespace}/{name}: {e}") from None
+    if pod is None:
+        return None
     notes = (pod.get("metadata") or {}).get("annotations") or {}
     text = notes.get(NETWORKS, "") if isinstance(notes, dict) else ""
     return text if isinstance(text, str) else ""
@@ -309,9 +314,10 @@ def _within(ips: tuple[str, ...], other: list[str]) -> bool:
 
 def settle(claimed: Claimed, got: list[tuple[IPRange, int]], req: Request, store: Store,
            conf: IpamConfig) -> None:  # fmt: skip
-    """After the pool write: the claim's status.ips (and ownerPod) written if they differ from what it
-    got (compare-and-swap, read again on 409), then the node's record of the claim."""
+    """After the pool write: the node's record of the claim, then the claim's status.ips (and ownerPod)
+    written if they differ from what it got (compare-and-swap, read again on 409)."""
     client, role = kube_client(conf, store)
+    record(records_dir(conf), claimed.claim.ref)  # first: the entry exists whatever becomes of the status
     ips = [str(rng.interface(offset)) for rng, offset in got]
     claim = claimed.claim
     for _ in range(TRIES):
@@ -333,7 +339,6 @@ def settle(claimed: Claimed, got: list[tuple[IPRange, int]], req: Request, store
             claim = again
     else:
         raise TryAgainError(f"IPAMClaim {claim.ref}: status not written ({TRIES} conflicts)")
-    record(records_dir(conf), claim.ref)
 
 
 # ---- the node's records (ipam.claimwatch reads them) ----------------------------------------------------

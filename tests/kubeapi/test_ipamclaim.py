@@ -26,8 +26,9 @@ from typing import Any
 import pytest
 
 from cni.errors import Code
-from ipam import batch, cli
-from ipam.claimref import ClaimRef
+from cni.skel import parse_request
+from ipam import batch, claims, cli, config
+from ipam.claimref import ClaimRef, claim_owner
 from ipam.claimwatch import ClaimWatch, Records, open_claim_watch
 from ipam.kubeapi import Client, load_kubeconfig
 from ipam.kubepods import KubePodSource
@@ -285,6 +286,37 @@ def test_a_dual_stack_claim_keeps_both_and_a_failed_range_never_frees_the_other(
     rc, out = node.call("ADD", again, dual)
     assert rc == 1 and out["code"] == Code.ADDRESS_TAKEN and "web-6" in out["msg"], out
     assert node.entries()["1"]["id"] == marker(claim) and "198.51.100.1" in node.reserved()
+
+
+def test_the_status_is_written_with_compare_and_swap(crd: KubeServer, node: Node) -> None:
+    """A claim changed since the ADD read it (a 409): read again and written; one whose status.ips
+    someone else set meanwhile to other addresses: Diverged (code 11; the plugin frees what it took)."""
+    made = node.claim("vm-q")
+    name = made["metadata"]["name"]
+    att = node.launcher("virt-launcher-vm-q-1", "vm-q", claim=name)
+    conf = node.conf()
+    req = parse_request("ADD", att.env("ADD"), json.dumps(conf).encode())
+    ipam = config.load(conf["ipam"])
+    store = open_kube(node.tenant.node)
+    try:
+        stale = claims.get_claim(store.client, store.role, node.ns, name)
+        assert stale is not None and stale.ips == ()
+        node.tenant.server.request("PATCH", f"{GROUP}/namespaces/{node.ns}/ipamclaims/{name}",
+                                   {"metadata": {"labels": {"touched": "1"}}},
+                                   content_type="application/merge-patch+json")  # fmt: skip
+        owner = claim_owner(stale.ref, att.pod, "", NET)
+        rng = ipam.ranges[0]
+        _, counts = spent(node.tenant.server,
+                          lambda: claims.settle(claims.Claimed(stale, owner), [(rng, 5)], req, store, ipam))
+        assert counts == {"PATCH ipamclaims": 2, "GET ipamclaims": 1}, counts  # 409, read, written
+        assert node.get_claim(name)["status"]["ips"] == ["198.51.100.5/24"]
+        with pytest.raises(claims.Diverged) as err:
+            claims.settle(claims.Claimed(stale, owner), [(rng, 6)], req, store, ipam)
+        assert err.value.code == Code.TRY_AGAIN_LATER and "198.51.100.5/24" in err.value.msg
+    finally:
+        store.close()
+    assert node.get_claim(name)["status"]["ips"] == ["198.51.100.5/24"]
+    assert (node.records / stale.ref.uid).read_text() == f"{node.ns}/{name}\n"
 
 
 def test_a_claim_of_another_network_or_interface_is_code_7(crd: KubeServer, node: Node) -> None:
