@@ -41,15 +41,12 @@ from ipam.claims import GROUP, RECORDS, RESOURCE, VERSION
 from ipam.kubeapi import ApiError, Client, Unreachable
 from ipam.model import Allocation
 from ipam.podsource import PodInfo, PodSourceError
+from ipam.podwatch import BACKOFF, READ_SLACK, SWEEP_TRIES, WATCH_TIMEOUT  # the pod watch's, alike
 from ipam.reconciler import Reconciler, Report
 from ipam.store.base import Store
 
-WATCH_TIMEOUT = 300  # seconds a watch request lasts on the server (then resumed from its resourceVersion)
-READ_SLACK = 30.0  # a read waits this much longer than the watch lasts: then the connection is dead
-BACKOFF = (0.5, 30.0)  # first and longest wait before the watch is opened again after a failure
 IDLE = 5.0  # seconds between looks at the records while there are none
 CLAIMS = f"/apis/{GROUP}/{VERSION}/{RESOURCE}"  # every namespace
-SWEEP_TRIES = 3
 
 
 class _NoPods:
