@@ -27,7 +27,7 @@ from cni import jsonio, metrics
 from cni.errors import CniError, ConfigError
 from ipam import config, removal
 from ipam.model import Allocation, Attachment, Pool, by_attachment, joined
-from ipam.podsource import PodSource
+from ipam.podsource import ClaimSource, PodSource
 from ipam.retry import Retry
 from ipam.store.base import Store
 from ipam.store.names import pool_name, reservation_name
@@ -233,8 +233,10 @@ def cmd_reconcile(store: Store, args: argparse.Namespace, conf: config.StoreConf
             out.write(f"error: {e}\n")
         out.flush()
 
+    claims = pods if isinstance(pods, ClaimSource) else None  # `kubernetes`: IPAMClaims too
+
     def make() -> Reconciler:
-        return Reconciler(store, pods, args.dry_run, show)
+        return Reconciler(store, pods, args.dry_run, show, claims=claims)
 
     label = metrics.STORE.set(conf.datastore)  # labels what the runs count (on this thread)
     try:

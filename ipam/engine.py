@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 
 from cni import log
 from cni.errors import CheckError, CniError, Code
@@ -124,22 +124,27 @@ class Engine:
 
     # ---- ADD --------------------------------------------------------------------------------------
 
-    def add(self, owner: Allocation, want: Mapping[int, int] | None = None) -> list[tuple[IPRange, int]]:
+    def add(
+        self, owner: Allocation, want: Mapping[int, int] | None = None, held: Set[int] = frozenset()
+    ) -> list[tuple[IPRange, int]]:
         """One address per range (`want`: the requested offset of a range, by its index in conf.ranges:
-        exactly that one, ipam.requested); on failure the ranges already done are released again."""
-        done: list[tuple[IPRange, int]] = []
+        exactly that one, ipam.requested); on failure the ranges already done are released again, but
+        those in `held` (indexes: the address an IPAMClaim holds beyond this call, ipam.claims)."""
+        done: list[tuple[int, IPRange, int]] = []
         want = want or {}
         try:
             for i, rng in enumerate(self.conf.ranges):
-                done.append((rng, self._add_range(rng, owner, want.get(i))))
+                done.append((i, rng, self._add_range(rng, owner, want.get(i))))
         except BaseException:
-            for rng, _ in reversed(done):
+            for i, rng, _ in reversed(done):
+                if i in held:
+                    continue
                 try:
                     self._delete_range(rng, owner)
                 except CniError as e:
                     log.error("rollback of %s in %s failed: %s", owner.container_id, rng.cidr, e)
             raise
-        return done
+        return [(rng, offset) for _, rng, offset in done]
 
     def _add_range(self, rng: IPRange, owner: Allocation, want: int | None = None) -> int:
         op = Op("add", rng, owner, self.conf.overlapping, self.conf.answer_before_write, want=want)

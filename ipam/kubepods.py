@@ -1,11 +1,12 @@
-"""The `kubernetes` pod source of the reconciler (ipam.podsource): one GET per pod asked about, through
-the store's kubeconfig and the same client (ipam.kubeapi). A 404 is "gone"; anything that is not an
-answer (no connection, timeout, 401/403, 5xx) is PodSourceError, so the reconciler frees nothing
-for that pod. Pods being deleted (deletionTimestamp set) still exist: their addresses are kept until
-the pod object is gone."""
+"""The `kubernetes` pod source of the reconciler (ipam.podsource): one GET per pod (and per IPAMClaim)
+asked about, through the store's kubeconfig and the same client (ipam.kubeapi). A 404 is "gone";
+anything that is not an answer (no connection, timeout, 401/403, 5xx) is PodSourceError, so the
+reconciler frees nothing for that pod. Pods being deleted (deletionTimestamp set) still exist: their
+addresses are kept until the pod object is gone."""
 
 from __future__ import annotations
 
+from cni.errors import TryAgainError
 from ipam import kubeapi, rbac
 from ipam.config import StoreConfig
 from ipam.kubeapi import ApiError, Client, Unreachable
@@ -32,6 +33,17 @@ class KubePodSource:
         return PodInfo(
             str(meta.get("namespace") or namespace), str(meta.get("name") or name), str(meta.get("uid") or "")
         )
+
+    def claim_uid(self, namespace: str, name: str) -> str | None:
+        """An IPAMClaim's UID (ipam.podsource.ClaimSource): one GET; a 404 is "gone", a server that does
+        not serve IPAMClaims (no CRD) or any other failure is PodSourceError (nothing freed)."""
+        from ipam import claims
+
+        try:
+            claim = claims.get_claim(self.client, self.role, namespace, name)
+        except TryAgainError as e:
+            raise PodSourceError(f"kubernetes: {e}") from None
+        return None if claim is None else claim.ref.uid
 
     def close(self) -> None:
         self.client.close()

@@ -17,6 +17,10 @@ from ipam.engine import Engine
 from ipam.model import Allocation
 from ipam.ranges import IPRange
 
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
+if TYPE_CHECKING:
+    from ipam import claims
+
 
 def load(req: Request) -> IpamConfig:
     section = req.conf.get("ipam")
@@ -103,6 +107,13 @@ def add(req: Request) -> Result:
     placed = requested.place(conf.ranges, conf.gateway, want) if want else {}
     who = owner(req)
     with engine(conf, req, assign=True) as e:
+        if persistent(req):  # an IPAMClaim may hold the addresses (ipam.claims)
+            from ipam import claims
+
+            claimed = claims.resolve(req, conf, e.store, want)
+            if claimed is not None:
+                got = add_claimed(e, req, conf, claimed)
+                return result(conf, got)
         if want and conf.node_slice_size:
             placed = in_slice(conf, e, req, who, want)
         try:
@@ -121,6 +132,35 @@ def add(req: Request) -> Result:
         ", ".join(str(r.address(o)) for r, o in got),
     )
     return result(conf, got)
+
+
+def persistent(req: Request) -> bool:
+    """The config's top-level `allowPersistentIPs` (ipam.claims; a dict lookup for every other call)."""
+    if "allowPersistentIPs" not in req.conf:
+        return False
+    from ipam import claims
+
+    return claims.persistent(req)
+
+
+def add_claimed(
+    e: Engine, req: Request, conf: IpamConfig, claimed: claims.Claimed
+) -> list[tuple[IPRange, int]]:
+    """The ADD of an attachment whose addresses are its IPAMClaim's (ipam.claims): the claim's owner and
+    addresses through the engine, then the claim's status. A claim that got other addresses meanwhile
+    (someone else wrote its status): what this ADD allocated for it is freed again, code 11."""
+    from ipam import claims
+
+    got = e.add(claimed.owner, claimed.want, claimed.held)
+    try:
+        claims.settle(claimed, got, req, e.store, conf)
+    except claims.Diverged:
+        if not claimed.held:
+            e.delete(claimed.owner)
+        raise
+    log.info("ADD %s %s (%s): %s of IPAMClaim %s", req.container_id, req.ifname, req.args.pod_ref or "no pod",
+             ", ".join(str(r.address(o)) for r, o in got), claimed.claim.ref)  # fmt: skip
+    return got
 
 
 def in_slice(
@@ -153,6 +193,14 @@ def delete(req: Request) -> None:
     if conf is None:
         return
     with engine(conf, req) as e:
+        if persistent(req):
+            from ipam import claims
+
+            held = claims.holds(req, conf, e.store)
+            if held:  # the claim keeps its addresses until it is deleted (ipam.claimwatch, the reconciler)
+                log.info("DEL %s %s: the addresses are IPAMClaim %s's: kept", req.container_id, req.ifname,
+                         held)  # fmt: skip
+                return
         e.delete(owner(req))
     log.info("DEL %s %s released", req.container_id, req.ifname)
 
@@ -163,6 +211,13 @@ def check(req: Request) -> None:
     with engine(conf, req) as e:
         if conf.node_slice_size and not e.conf.ranges:
             raise CheckError(f"node {node_name(req, req.conf.get('ipam') or {})} has no node slice")
+        if persistent(req):
+            from ipam import claims
+
+            claimed = claims.resolve(req, conf, e.store, want)
+            if claimed is not None:
+                e.check(claimed.owner, claimed.want or None)
+                return
         e.check(owner(req), requested.place(e.conf.ranges, conf.gateway, want) if want else None)
 
 

@@ -6,13 +6,13 @@ A source must answer "this pod does not exist" only when it knows; when it canno
 forbidden), it raises PodSourceError and the reconciler frees nothing for that pod.
 
 Sources: `file:PATH` (JSON list or JSON lines of {"namespace", "name", "uid"}: for tests, drills and
-nodes without Kubernetes) here; `kubernetes` in ipam.kubepods (written with the Kubernetes store); the
-CLI chooses (ipam.cli `--pods`)."""
+nodes without Kubernetes) here; `kubernetes` in ipam.kubepods (written with the Kubernetes store), which
+also answers for IPAMClaims (`ClaimSource`); the CLI chooses (ipam.cli `--pods`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from cni import jsonio
 from cni.errors import ConfigError, TryAgainError
@@ -35,6 +35,15 @@ class PodSource(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ClaimSource(Protocol):
+    """Where the reconciler learns whether an IPAMClaim exists (ipam.claimref): answered like pods."""
+
+    def claim_uid(self, namespace: str, name: str) -> str | None:
+        """The claim's UID, None if it does not exist; PodSourceError if unknown."""
+        ...
 
 
 class FilePodSource:

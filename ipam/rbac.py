@@ -10,6 +10,7 @@ from cni.types.valueclass import valueclass
 
 WHEREABOUTS = "whereabouts.cni.cncf.io"
 COORDINATION = "coordination.k8s.io"
+IPAMCLAIMS = "k8s.cni.cncf.io"  # IPAMClaim (k8snetworkplumbingwg/ipamclaims), the group of the NAD CRD
 NODE, RECONCILER = "node", "reconciler"
 
 
@@ -40,6 +41,11 @@ RULES: dict[str, tuple[Rule, ...]] = {
         # spec.nodeName; RBAC cannot hold it to that: docs/kubernetes-objects.md), GET a deleted pod's
         # name when an entry has no UID or another one. Its sweeps free with the verbs above.
         Rule("", "pods", ("get", "list", "watch"), namespaced=False),
+        # persistent addresses (ipam.claims, allowPersistentIPs): GET the IPAMClaim an attachment names
+        # (in its pod's namespace) and write its status once it has its addresses; the agent's claim
+        # watch (ipam.claimwatch) lists and watches them while its node holds claims
+        Rule(IPAMCLAIMS, "ipamclaims", ("get", "list", "watch"), namespaced=False),
+        Rule(IPAMCLAIMS, "ipamclaims/status", ("patch",), namespaced=False),
     ),
     RECONCILER: (
         # the reconciler and the operator CLI (pools, show, release): page through pools, free entries
@@ -47,6 +53,8 @@ RULES: dict[str, tuple[Rule, ...]] = {
         Rule(WHEREABOUTS, "overlappingrangeipreservations", ("get", "list", "delete"), namespaced=True),
         # one GET per pod asked about (ipam.kubepods): no pod list, no watch
         Rule("", "pods", ("get",), namespaced=False),
+        # one GET per IPAMClaim that owns an entry (ipam.claimref): freed once the claim is gone
+        Rule(IPAMCLAIMS, "ipamclaims", ("get",), namespaced=False),
     ),
 }
 

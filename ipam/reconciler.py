@@ -1,7 +1,9 @@
 """Release allocations and reservations whose pod is gone; never one whose pod exists.
 
 A pod is gone when the source says it does not exist, or when it exists with another UID than the one
-recorded (the name was reused by a new pod: StatefulSets). Allocations without a pod reference
+recorded (the name was reused by a new pod: StatefulSets). An entry an IPAMClaim owns (ipam.claimref) is
+judged by its claim instead, looked up like a pod (`claims`): gone once no claim of that name and UID
+exists; without a claim source it is kept. Allocations without a pod reference
 (podman, cnitool) and pods the source cannot vouch for are left alone. Removal is compare-and-swap:
 an entry that changed since it was judged (a kubelet re-ADD took it over) is not touched.
 
@@ -24,8 +26,9 @@ from dataclasses import dataclass, field
 from cni import log, metrics
 from cni.errors import CniError
 from ipam import removal
+from ipam.claimref import ClaimRef, claim_of
 from ipam.model import Allocation, Pool, Reservation, joined
-from ipam.podsource import PodInfo, PodSource, PodSourceError
+from ipam.podsource import ClaimSource, PodInfo, PodSource, PodSourceError
 from ipam.ranges import usable_bounds
 from ipam.retry import Retry
 from ipam.store.base import Conflict, Store
@@ -61,9 +64,12 @@ class Reconciler:
         on_finding: Callable[[Finding], None] = lambda f: None,
         cache: int = CACHE,
         retry: Retry | None = None,
+        claims: ClaimSource | None = None,
     ) -> None:
+        """`claims`: where IPAMClaims are looked up (ipam.claimref); None: a claim's entries are kept."""
         self.store, self.pods, self.dry_run, self.on_finding = store, pods, dry_run, on_finding
-        self.retry = retry or Retry()
+        self.retry, self.claims = retry or Retry(), claims
+        self._claims: OrderedDict[tuple[str, str], str | None] = OrderedDict()
         self._cache: OrderedDict[tuple[str, str], PodInfo | None] = OrderedDict()
         self._cache_size = cache
         # every pool seen in this run: (name, network_name, range); one line per pool, not per address
@@ -81,8 +87,36 @@ class Reconciler:
             self._cache.popitem(last=False)
         return pod
 
+    def _claim_uid(self, ref: ClaimRef) -> str | None:
+        assert self.claims is not None
+        key = (ref.namespace, ref.name)
+        if key in self._claims:
+            self._claims.move_to_end(key)
+            return self._claims[key]
+        uid = self.claims.claim_uid(ref.namespace, ref.name)
+        self._claims[key] = uid
+        if len(self._claims) > self._cache_size:
+            self._claims.popitem(last=False)
+        return uid
+
+    def claim_verdict(self, ref: ClaimRef) -> str | None:
+        """Why the entry of IPAMClaim `ref` is gone (the claim is, or was recreated), None while the
+        claim exists or when no claim source was given. Raises PodSourceError."""
+        if self.claims is None:
+            return None
+        uid = self._claim_uid(ref)
+        if uid is None:
+            return f"IPAMClaim {ref} deleted"
+        if uid != ref.uid:
+            return f"IPAMClaim {ref} recreated (uid {ref.uid} is now {uid})"
+        return None
+
     def verdict(self, owner: Allocation) -> str | None:
-        """Why this owner is gone, or None if it is (or may be) alive. Raises PodSourceError."""
+        """Why this owner is gone, or None if it is (or may be) alive. Raises PodSourceError. An owner
+        that is an IPAMClaim (ipam.claimref) is judged by its claim, never by a pod."""
+        ref = claim_of(owner)
+        if ref is not None:
+            return self.claim_verdict(ref)
         if "/" not in owner.podref:
             return None
         namespace, name = owner.podref.split("/", 1)
@@ -95,6 +129,7 @@ class Reconciler:
 
     def run(self) -> Report:
         self._cache.clear()
+        self._claims.clear()
         self._pools.clear()
         self._late_entries = 0
         report = Report()
@@ -116,14 +151,14 @@ class Reconciler:
             metrics.sink().reconciled(time.monotonic() - started, ok, freed)
 
     def _judge(self, owner: Allocation, report: Report) -> str | None:
-        if "/" not in owner.podref:
+        if "/" not in owner.podref and claim_of(owner) is None:
             report.skipped += 1
             return None
         try:
             reason = self.verdict(owner)
         except PodSourceError as e:
             report.skipped += 1
-            log.warning("pod %s unknown, left alone: %s", owner.podref, e)
+            log.warning("owner %s unknown, left alone: %s", claim_of(owner) or owner.podref, e)
             return None
         report.kept += reason is None
         return reason

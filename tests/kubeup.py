@@ -52,6 +52,7 @@ def _shared() -> Path:
 SHARED = _shared()
 UPSTREAM = SHARED / "upstream"
 RBAC_YAML = REPO / "bundler" / "manifests" / "rbac.yaml"
+IPAMCLAIM_CRD = UPSTREAM / "ipamclaims" / "k8s.cni.cncf.io_ipamclaims.yaml"  # not installed by kube-up
 ABSENT_REASON = f"{UPSTREAM} is absent (the real kube-apiserver and upstream binaries live there)"
 NODE_SA, RECONCILER_SA = "pycni-node", "pycni-reconciler"
 SHIPPED_NAMESPACE = "pycni-system"
@@ -280,6 +281,50 @@ class KubeServer:
             ns = doc["metadata"].get("namespace")
             where = f"/namespaces/{ns}" if ns else ""
             self.create(f"/apis/{doc['apiVersion']}{where}/{PLURALS[doc['kind']]}", doc, strict=True)
+
+    # ---- CRDs beyond kube-up's -----------------------------------------------------------------
+
+    def install_crd(self, path: Path, timeout: float = 60.0) -> None:
+        """Create the CRD of YAML file `path` (kept when it exists) and wait until it is served."""
+        import yaml
+
+        crd = yaml.safe_load(path.read_text())
+        try:
+            self.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        except ApiFailure as e:
+            if e.status != 409:
+                raise
+        self._await_served(crd, True, timeout)
+
+    def remove_crd(self, path: Path, timeout: float = 60.0) -> None:
+        """Delete the CRD of YAML file `path` (with every object of it) and wait until it is not served."""
+        import yaml
+
+        crd = yaml.safe_load(path.read_text())
+        try:
+            self.request("DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                                   f"{crd['metadata']['name']}")  # fmt: skip
+        except ApiFailure as e:
+            if e.status != 404:
+                raise
+        self._await_served(crd, False, timeout)
+
+    def _await_served(self, crd: dict[str, Any], served: bool, timeout: float) -> None:
+        spec = crd["spec"]
+        path = f"/apis/{spec['group']}/{spec['versions'][0]['name']}/{spec['names']['plural']}"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.request("GET", path, query={"limit": "1"})
+                now = True
+            except ApiFailure as e:
+                if e.status != 404:
+                    raise
+                now = False
+            if now == served:
+                return
+            assert time.monotonic() < deadline, f"{path} still {'not ' if served else ''}served"
+            time.sleep(0.1)
 
     # ---- figures ------------------------------------------------------------------------------
 

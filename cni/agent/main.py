@@ -51,6 +51,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help="watch this node's pods (NODENAME) and free what deleted pods held, on the "
                          "Kubernetes store of the node's flat file (PATH: that file or its directory; "
                          "auto: where the plugin finds it, when NODENAME is set; default auto)")
+    ap.add_argument("--claim-watch", default="auto", metavar="auto|off|PATH",
+                    help="free what deleted IPAMClaims held, on the Kubernetes store of the node's flat "
+                         "file, while this node holds claims (PATH: that file or its directory; auto: "
+                         "where the plugin finds it; default auto)")
+    ap.add_argument("--claim-records", default="", metavar="DIR",
+                    help="where the plugins record the IPAMClaims this node allocated for (default: "
+                         "claims/ beside the flat file's local_db, /var/lib/cni/pycni/claims; give the "
+                         "NADs' when they name another local_db)")
     return ap.parse_args(argv)
 
 
@@ -180,6 +188,39 @@ def start_pod_watch(spec: str, env: dict[str, str] | os._Environ[str] = os.envir
     return stop
 
 
+def start_claim_watch(spec: str, records: str = "", every: float = WATCH_RETRY) -> threading.Event | None:
+    """Start the IPAMClaim watch (ipam.claimwatch) in the background, unless `spec` is off; opened like
+    the pod watch (the flat file looked for every `every` seconds, another store than Kubernetes ends
+    it), with the node's claim records in `records` (default: beside the flat file's local_db). It
+    makes no request while the node holds no claim. The event stops it."""
+    from cni.agent.server import say
+
+    if spec == "off":
+        say("claim watch off")
+        return None
+    path = "" if spec == "auto" else spec
+    stop = threading.Event()
+
+    def opener() -> None:
+        from ipam.claimwatch import NotKubernetes, open_claim_watch
+
+        while not stop.is_set():
+            try:
+                watch = open_claim_watch(path, say, records)
+            except NotKubernetes:
+                return  # no claims on another store (the plugin refuses allowPersistentIPs there)
+            except Exception:  # no flat file yet, or a kubeconfig that cannot be used yet: again later
+                stop.wait(every)
+                continue
+            watch.start()
+            stop.wait()
+            watch.close()
+            return
+
+    threading.Thread(target=opener, name="claim-watch-open", daemon=True).start()
+    return stop
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     from cni.agent.server import Agent, say, warm
@@ -202,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     serve_metrics(args.metrics, build_id())
     watching = start_pod_watch(args.pod_watch)
+    claims = start_claim_watch(args.claim_watch, args.claim_records)
 
     def stop(*_: Any) -> None:
         agent.stop()
@@ -210,8 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     agent.serve(args.grace)
-    if watching is not None:
-        watching.set()
+    for watch in (watching, claims):
+        if watch is not None:
+            watch.set()
     from ipam.batch import settle_all
 
     if not settle_all(remaining(args.grace, agent.stopped_at)):  # batches of calls still in flight

@@ -258,6 +258,9 @@ def overlay_changes(cluster: Cluster) -> list[tuple[str, str, Any, str]]:
          "the kubelet would create)"),
         ("replace", f"{spec}/containers/1/volumeMounts/4/mountPath", str(cluster.state_dir),
          "the agent sees host paths at the same paths: the state dir"),
+        ("add", f"{spec}/containers/1/command/-", f"--claim-records={cluster.state_dir}/pycni/claims",
+         "the IPAMClaim records the plugins write beside the test NADs' local_db (under the test's own "
+         "state dir)"),
     ]
 
 

@@ -77,9 +77,15 @@ def test_the_overlay_changes_exactly_what_it_lists(installed: Installed) -> None
     for path, name in kubenode.EXPECTED_NAMES.items():  # each index names what the change says it does
         assert at(ds, path)["name"] == name, (path, at(ds, path)["name"])
     want = set()
+    appended: dict[str, int] = {}  # list -> items the overlay appended to it so far
     for op, path, _, why in kubenode.overlay_changes(node):
-        assert why and op == "replace"
-        want.add((DS, path))
+        assert why and op in ("replace", "add")
+        if op == "add" and path.endswith("/-"):
+            index = len(at(ds, path[:-2])) + appended.get(path, 0)
+            appended[path] = appended.get(path, 0) + 1
+            want.add((DS, f"{path[:-2]}/{index}"))
+        else:
+            want.add((DS, path))
     got = {(k, p) for k in documented for p in differences(documented[k], ours[k])}
     assert got == want | image_paths(shipped)
     assert images(shipped) == {tm.container("DaemonSet")["image"]}  # pycni:<version>: docker.io/library

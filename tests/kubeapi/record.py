@@ -61,6 +61,8 @@ def verb_of(method: str, path: str, query: dict[str, Any] | None) -> tuple[str, 
     if rest[0] == "namespaces" and len(rest) > 2:
         rest = rest[2:]
     resource, named = rest[0], len(rest) > 1
+    if len(rest) > 2:  # a subresource: RESOURCE/NAME/SUB is RBAC's "RESOURCE/SUB"
+        resource = f"{resource}/{rest[2]}"
     if method == "GET":
         verb = "watch" if (query or {}).get("watch") else "get" if named else "list"
     else:

@@ -58,6 +58,7 @@ def test_kube_add_loads_only_the_stdlib_http_layer(tenant: Tenant, tmp_path: Pat
     assert {"ipam.kubeapi", "ipam.httpconn", "ipam.tls", "ssl", "_ssl"} <= set(mods)
     assert [m for m in mods if m.split(".")[0] in HEAVY] == []
     assert [m for m in mods if m in DROPPED or m.split(".")[0] in DROPPED] == []
+    assert "ipam.claims" not in mods  # only a config with allowPersistentIPs loads it (issue 46)
     assert list(tenant.pools()) == ["198.51.100.0-24"]  # the ADD did reach the server
 
 

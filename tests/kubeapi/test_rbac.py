@@ -3,7 +3,8 @@ the node's and the reconciler's ServiceAccount tokens (tests/kubeup.py `Tenant`)
 
 - the server lets each account do exactly what ipam/rbac.py declares for its role and refuses (403)
   everything else: every verb on every resource the IPAM could touch, in the IPAM's namespace and in
-  another one (the whereabouts objects are granted by Roles, pod reads by a ClusterRole);
+  another one (the whereabouts objects are granted by Roles, pod and IPAMClaim reads by a ClusterRole;
+  the IPAMClaim CRD installed for it);
 - every (verb, group, resource) the Kubernetes store and the pod source actually send, recorded per
   account while the store contract suite's kubernetes variant and tests/kubeapi run (tests/kubeapi/
   record.py wraps the client), is exactly what ipam/rbac.py declares for that role and what rbac.yaml
@@ -24,7 +25,7 @@ from typing import Any
 from ipam import rbac
 from tests.kubeapi.emulator import load_rbac
 from tests.kubeapi.record import RECORD_ENV, SESSION
-from tests.kubeup import NODE_SA, RECONCILER_SA, ApiFailure, KubeServer, Tenant
+from tests.kubeup import IPAMCLAIM_CRD, NODE_SA, RECONCILER_SA, ApiFailure, KubeServer, Tenant
 from tests.nsutil import REPO
 
 ACCOUNTS = {NODE_SA: rbac.NODE, RECONCILER_SA: rbac.RECONCILER}
@@ -35,7 +36,10 @@ KINDS = {  # (group, resource) -> kind, for the probes' bodies
     (rbac.WHEREABOUTS, "overlappingrangeipreservations"): "OverlappingRangeIPReservation",
     (rbac.WHEREABOUTS, "nodeslicepools"): "NodeSlicePool",
     ("", "pods"): "Pod",
+    (rbac.IPAMCLAIMS, "ipamclaims"): "IPAMClaim",
+    (rbac.IPAMCLAIMS, "ipamclaims/status"): "IPAMClaim",  # the status subresource: get, update, patch
 }
+SUBRESOURCE_VERBS = ("get", "update", "patch")
 PROBE = "rbac-probe"
 RECORDER = "tests.kubeapi.record"
 
@@ -51,6 +55,7 @@ def declared(role: str, group: str, resource: str, verb: str, home: bool) -> boo
 def probe(tenant: Tenant, token: str, namespace: str, group: str, resource: str, verb: str) -> int:
     """Send `verb` on `resource` in `namespace` with `token`; the HTTP status (2xx: 200)."""
     root = f"/apis/{group}/v1alpha1" if group else "/api/v1"
+    resource, _, sub = resource.partition("/")
     coll = f"{root}/namespaces/{namespace}/{resource}"
     body: dict[str, Any] = {
         "apiVersion": f"{group}/v1alpha1" if group else "v1", "kind": KINDS[(group, resource)],
@@ -66,6 +71,8 @@ def probe(tenant: Tenant, token: str, namespace: str, group: str, resource: str,
         "delete": ("DELETE", f"{coll}/{PROBE}", None, None),
         "deletecollection": ("DELETE", coll, {"labelSelector": "probe=none"}, None),
     }[verb]
+    if sub:
+        path = f"{coll}/{PROBE}/{sub}"
     content_type = "application/merge-patch+json" if method == "PATCH" else "application/json"
     try:
         tenant.server.request(method, path, content, query, token=token, content_type=content_type, raw=True)
@@ -75,13 +82,14 @@ def probe(tenant: Tenant, token: str, namespace: str, group: str, resource: str,
 
 
 def test_the_server_allows_each_account_exactly_what_is_declared(tenant: Tenant) -> None:
+    tenant.server.install_crd(IPAMCLAIM_CRD)  # kube-up does not (tests/kubeapi/test_ipamclaim.py)
     wrong = []
     allowed_somewhere = set()
     for account, role in ACCOUNTS.items():
         token = tenant.server.token(tenant.namespace, account)
         for namespace, home in ((tenant.namespace, True), ("default", False)):
             for group, resource in KINDS:
-                for verb in VERBS:
+                for verb in SUBRESOURCE_VERBS if "/" in resource else VERBS:
                     status = probe(tenant, token, namespace, group, resource, verb)
                     want = declared(role, group, resource, verb, home)
                     if (status != 403) != want:

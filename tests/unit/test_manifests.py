@@ -331,7 +331,26 @@ def test_agent_watches_its_nodes_pods_with_what_the_daemonset_gives_it() -> None
     assert args.pod_watch == "/etc/cni/net.d/whereabouts.d/whereabouts.conf"
     assert downward(agent)["NODENAME"] == "spec.nodeName"
     role = next(d for d in by_kind("ClusterRole") if d["metadata"]["name"] == "pycni-node")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert [r for r in role["rules"] if r["apiGroups"] == [""]] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+
+
+def test_agent_watches_ipamclaims_with_what_the_node_role_grants() -> None:
+    """The claim watch (ipam/claimwatch.py) is on by default, and the node's ServiceAccount may list and
+    watch IPAMClaims in every namespace (a ClusterRole: claims are in the VMs' namespaces), get them and
+    patch their status (the plugin's ADD, ipam/claims.py), nothing else of the group k8s.cni.cncf.io."""
+    from cni.agent import main
+
+    agent = next(c for c in by_kind("DaemonSet")[0]["spec"]["template"]["spec"]["containers"]
+                 if c["name"] == "agent")
+    args = main.parse([expand(a, {"POD_IP": "198.51.100.7"}) for a in agent["command"][1:]])
+    assert args.claim_watch == "auto"
+    role = next(d for d in by_kind("ClusterRole") if d["metadata"]["name"] == "pycni-node")
+    assert [r for r in role["rules"] if r["apiGroups"] == ["k8s.cni.cncf.io"]] == [
+        {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["ipamclaims"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["ipamclaims/status"], "verbs": ["patch"]}]
+    assert {("k8s.cni.cncf.io", "ipamclaims", "get", False)} == {
+        g for g in granted("pycni-reconciler") if g[0] == "k8s.cni.cncf.io"}
 
 
 def test_reconciler_serves_metrics_where_the_deployment_declares() -> None:

@@ -113,6 +113,25 @@ def test_exhausted_is_code_100_naming_the_range_and_rolls_back_other_ranges() ->
     assert e.store.get_reservation("198.51.100.4") is None
 
 
+def test_a_failed_range_never_rolls_back_what_the_caller_holds_beyond_the_call() -> None:
+    """`held` (range indexes whose address an IPAMClaim holds, ipam.claims): a later range's failure
+    releases the other ranges only."""
+    e = make({"ipRanges": [{"range": "198.51.100.0/24"}, {"range": "2001:db8::/126"}]})
+    claim = Allocation("ipamclaim/ns/vm.net/u1", "ns/launcher-1", "", "", "netA", "")
+    for i in range(3):
+        e.add(Allocation(f"c{i}", f"ns/p{i}", "net1"))  # the IPv6 range full
+    with pytest.raises(ExhaustedError):
+        e.add(claim, {0: 7}, held={0})
+    v4 = e.store.get_pool("198.51.100.0-24")
+    assert v4 is not None and v4.allocations["7"] == claim
+    assert e.store.get_reservation("198.51.100.7") is not None
+    with pytest.raises(ExhaustedError):
+        e.add(claim, {0: 7})  # without `held`: released as before
+    v4 = e.store.get_pool("198.51.100.0-24")
+    assert v4 is not None and "7" not in v4.allocations
+    assert e.store.get_reservation("198.51.100.7") is None
+
+
 @pytest.mark.parametrize("op", ["add", "delete", "check"])
 def test_unreachable_store_is_code_11(op: str) -> None:
     clock = Clock()
