@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import socket
 import ssl
 import subprocess
