@@ -336,15 +336,16 @@ def test_agent_watches_its_nodes_pods_with_what_the_daemonset_gives_it() -> None
 
 
 def test_agent_watches_ipamclaims_with_what_the_node_role_grants() -> None:
-    """The claim watch (ipam/claimwatch.py) is on by default, and the node's ServiceAccount may list and
-    watch IPAMClaims in every namespace (a ClusterRole: claims are in the VMs' namespaces), get them and
-    patch their status (the plugin's ADD, ipam/claims.py), nothing else of the group k8s.cni.cncf.io."""
+    """The claim watch (ipam/claimwatch.py) reads the flat file the installer writes, as the pod watch
+    does (the conf dir of the ConfigMap: node_dirs), and the node's ServiceAccount may list and watch
+    IPAMClaims in every namespace (a ClusterRole: claims are in the VMs' namespaces), get them and patch
+    their status (the plugin's ADD, ipam/claims.py), nothing else of the group k8s.cni.cncf.io."""
     from cni.agent import main
 
     agent = next(c for c in by_kind("DaemonSet")[0]["spec"]["template"]["spec"]["containers"]
                  if c["name"] == "agent")
-    args = main.parse([expand(a, {"POD_IP": "198.51.100.7"}) for a in agent["command"][1:]])
-    assert args.claim_watch == "auto"
+    args = main.parse([expand(a, env_of(agent, docs())) for a in agent["command"][1:]])
+    assert args.claim_watch == args.pod_watch == "/etc/cni/net.d/whereabouts.d/whereabouts.conf"
     role = next(d for d in by_kind("ClusterRole") if d["metadata"]["name"] == "pycni-node")
     assert [r for r in role["rules"] if r["apiGroups"] == ["k8s.cni.cncf.io"]] == [
         {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["ipamclaims"], "verbs": ["get", "list", "watch"]},
