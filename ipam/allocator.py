@@ -8,7 +8,7 @@ from cni.errors import AddressTakenError, ConfigError, ExhaustedError
 from cni.types.valueclass import valueclass
 from ipam import decide
 from ipam.decide import SnapshotView
-from ipam.model import Allocation, PoolUpdate, PoolView, Segment
+from ipam.model import Allocation, PoolView, Segment
 from ipam.ranges import IPRange
 
 __all__ = ["Decision", "SnapshotView", "decision", "find", "segments_as_offsets", "taken"]
@@ -21,7 +21,6 @@ class Decision:
 
     offset: int
     kind: str
-    update: PoolUpdate
 
 
 def segments_as_offsets(rng: IPRange) -> list[Segment]:
@@ -47,11 +46,11 @@ def decision(rng: IPRange, view: PoolView, owner: Allocation, outcome: decide.Ou
     if not isinstance(outcome, decide.Took):
         raise TypeError(f"not an address: {outcome!r}")
     if outcome.kind == "existing":
-        return Decision(outcome.offset, "existing", PoolUpdate())
+        return Decision(outcome.offset, "existing")
     if outcome.previous is not None:
         log.info("%s %s: taking over %s from container %s", owner.podref, owner.ifname,
                  rng.address(outcome.offset), outcome.previous.container_id)  # fmt: skip
-    return Decision(outcome.offset, outcome.kind, PoolUpdate(put={str(outcome.offset): owner}))
+    return Decision(outcome.offset, outcome.kind)
 
 
 def taken(rng: IPRange, offset: int, holder: Allocation | None, where: str) -> AddressTakenError:

@@ -1,43 +1,31 @@
 """One attempt at a batch of one pool, whatever the execution mode: under the node lock, every op not yet
-done decided in turn through the core (ipam.decide) on the pool, then one compare-and-swap write.
-ipam.retry runs attempts until one writes; each op's state (ipam.operation.Op.to) says where it is. The two
-execution modes (a plugin process: ipam.exec_plain; the agent: ipam.batch) differ only in what
-they pass: the pool's `Memory`, and whether the batch releases its DELs' reservations itself.
+done decided in turn through the core (ipam.decide) on a view of the pool, then one write, begun under the
+lock and awaited after it. ipam.retry runs attempts until one writes; each op's state
+(ipam.operation.Op.to) says where it is. The two execution modes (a plugin process: ipam.exec_plain; the
+agent: ipam.batch) differ in what they pass: the read policy (`Reads`: where the view comes from and
+what is noted of the outcome) and whether the batch releases its DELs' reservations itself.
 
-What the attempt knows of the pool beyond a read is one explicit per-pool value, `Memory`. A plugin
-process has none (an empty one per call: it reads the pool, decides, writes, retries). The agent keeps
-one per pool (ipam.batch): its batch then starts from the pool as its own last write left it,
-when no other holder of the node lock wrote since: a batch of DELs always, one with ADDs while the pool
-is not `hot` (no race lost to another node and no foreign write seen lately: on a pool this node alone
-writes, an ADD then costs no read). Such a view may lack the latest writes of others: a DEL that finds
-nothing in it looks at the stored pool before saying so, a removal that no longer fits is a Conflict
-like any other, and a write with ADDs decided on it needs the whole pool unchanged since (a Conflict:
-the retry, and for a while the pool's next ADDs, read the pool).
-
-On a pool other nodes write too (`hot`) and a store that checks whole versions (not `merges`), the
-reservations a pass created took round trips during which the pool may have moved on: the pool is read
-again and the batch decided again on it (each op keeps the address it reserved, no request), so the
-write follows its read at once instead of losing the compare-and-swap to whoever wrote meanwhile. A
-merging store guards entry by entry: no need."""
+A plugin process reads the pool as stored for every attempt and remembers nothing (`Stored`); the agent
+decides on what it remembers of the pool when that is safe (ipam.agentreads). A write may wait for other
+nodes' writes (a shared pool's turn, ipam.turn: Store.post_pool): it is begun under the node lock and
+awaited after it, so the node's next writers decide meanwhile."""
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 
 from cni import faults, log
 from cni.errors import CniError, TryAgainError
 from ipam import allocator, decide, nodelock, operation, reservations
-from ipam.allocator import SnapshotView
 from ipam.decide import Changes
-from ipam.model import Pool, PoolUpdate, PoolView
+from ipam.model import PoolUpdate, PoolView
 from ipam.operation import Op
-from ipam.ranges import IPRange, same_network
+from ipam.ranges import IPRange
 from ipam.retry import retrying
 from ipam.store.base import Conflict, StoreUnavailable
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:  # (typing costs every call: annotations only)
     from contextlib import AbstractContextManager
     from typing import Protocol
@@ -61,51 +49,70 @@ if TYPE_CHECKING:  # (typing costs every call: annotations only)
         def lean_for(self, op: Op) -> bool: ...
         def reservation_name(self, rng: IPRange, offset: int) -> str: ...
 
-KEPT, CACHED, STORED = "kept", "cached", "stored"
-SOURCES = (KEPT, CACHED, STORED)  # where a batch's view of the pool comes from, in order (decide_batch)
-HOT_SECONDS = 10.0  # after a race lost to another node, this node's calls scatter at once for this long
+    class Reads(Protocol):
+        """An attempt's read policy: where its view of the pool comes from, and what it notes of how its
+        decisions and writes went (`Stored`: a plugin process; ipam.agentreads.Remembered: the agent)."""
+
+        def hot(self) -> bool | None:
+            """Whether other nodes race this one on the pool; None: not known."""
+            ...
+
+        def exclusive(self) -> AbstractContextManager[object]:
+            """Held around the node lock and the decisions (the agent: one batch of a pool at a time)."""
+            ...
+
+        def decide(
+            self, attempt: Attempt, rng: IPRange, lock: nodelock.Held | None, pending: list[Op],
+            hot: bool | None,
+        ) -> tuple[PoolView, Pass, bool]:  # fmt: skip
+            """The batch decided (attempt.decide_all) on a view: (the view, the pass, whether the view is
+            a snapshot that may miss others' writes: a write with ADDs decided on it checks the whole
+            pool's version)."""
+            ...
+
+        def raced(self) -> None:
+            """Races were lost to other writers while deciding."""
+            ...
+
+        def conflicted(self, whole: bool) -> None:
+            """The write was refused (another writer won)."""
+            ...
+
+        def sending(self, sent: Sent) -> AbstractContextManager[None]:
+            """Held while the write of `sent` is awaited (outside the node lock)."""
+            ...
+
+        def wrote(self, attempt: Attempt, lock: nodelock.Held | None, version: str) -> None:
+            """The write is done: the pool is at `version`."""
+            ...
 
 
-class Memory:
-    """What a process remembers of one pool between its batches (module docstring): empty in a plugin
-    process; the agent keeps one per pool, used by one batch at a time (its combiner's).
-
-    - `last`, `count`: the pool as this process' last write left it (the store's answer) and the node
-      lock's counter then: usable while the counter moved by exactly one (no other holder since);
-    - `floor`: the pool's version after that write: a read at least that new (a server's cache) sees it;
-    - `hot_until`, `foreign_until` (monotonic): a race lost to another node lately (the next ADDs spread
-      their candidates at once), a write outside this node's lock seen lately (ADDs read the pool)."""
-
-    def __init__(self, kept: bool = False) -> None:
-        self.last: Pool | None = None
-        self.count = -1
-        self.floor = ""
-        self.hot_until = self.foreign_until = 0.0
-        self.kept = kept  # this process keeps it across batches (the agent): else nothing is noted
+class Stored:
+    """A plugin process' read policy (`Reads`): the pool as stored for every attempt, nothing kept."""
 
     def hot(self) -> bool | None:
-        """Whether other nodes race this one on the pool; None: not known (a plugin process)."""
-        return time.monotonic() < self.hot_until if self.kept else None
+        return None
 
-    def heat(self, seconds: float) -> None:
-        self.hot_until = time.monotonic() + seconds
+    def exclusive(self) -> AbstractContextManager[object]:
+        return contextlib.nullcontext()
 
-    def foreign(self) -> bool:
-        return time.monotonic() < self.foreign_until
+    def decide(
+        self, attempt: Attempt, rng: IPRange, lock: nodelock.Held | None, pending: list[Op], hot: bool | None
+    ) -> tuple[PoolView, Pass, bool]:  # fmt: skip
+        view = attempt.e.view(rng)
+        return view, attempt.decide_all(view, pending, hot), False
 
-    def seen_foreign(self, seconds: float) -> None:
-        self.foreign_until = time.monotonic() + seconds
+    def raced(self) -> None:
+        return None
 
-    def view(self, lock: nodelock.Held | None) -> Pool | None:
-        """The pool as the last write left it, if no other holder of the node lock wrote since."""
-        if not self.kept or self.last is None or lock is None or lock.count != (self.count + 1) % 2**63:
-            return None
-        return self.last
+    def conflicted(self, whole: bool) -> None:
+        return None
 
-    def wrote(self, lock: nodelock.Held | None, pool: Pool | None, version: str) -> None:
-        if self.kept:
-            self.last, self.count = (pool, lock.count) if lock is not None else (None, -1)
-            self.floor = version
+    def sending(self, sent: Sent) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def wrote(self, attempt: Attempt, lock: nodelock.Held | None, version: str) -> None:
+        return None
 
 
 class Pass:
@@ -130,16 +137,16 @@ class Sent:
 
 
 class Attempt:
-    """Attempts at the batch `ops` of pool `name` until one writes (`run`); `ops` is the batch's list
-    (the agent's arrivals join it). `reread` once a write of it failed: every attempt after it reads the
-    pool as stored (a cached read may not hold what that write met)."""
+    """Attempts at the batch `ops` of pool `name` until one writes (`run`); `ops` is the batch's list.
+    `reads`: the read policy (`Stored` unless given); `releases`: the batch releases its DELs'
+    reservations itself and counts them written only then (the agent)."""
 
     def __init__(
-        self, engine: Access, name: str, ops: list[Op], memory: Memory, releases: bool = False
-    ) -> None:
-        self.e, self.name, self.ops, self.memory = engine, name, ops, memory
-        self.releases = releases  # DELs release their reservations in the batch, and are written only then
-        self.reread = False
+        self, engine: Access, name: str, ops: list[Op], reads: Reads | None = None, releases: bool = False
+    ) -> None:  # fmt: skip
+        self.e, self.name, self.ops = engine, name, ops
+        self.reads: Reads = reads if reads is not None else Stored()
+        self.releases = releases
         self.lock: nodelock.Held | None = None  # the node lock of the attempt under way (its notes)
 
     def run(self) -> None:
@@ -149,16 +156,16 @@ class Attempt:
     def step(self) -> None:
         """One read-modify-write of the pool for every op of the batch not yet done: each decided in
         turn against the pool plus the decisions before it, then one write, begun under the node lock
-        and awaited after it (a write through a shared pool's turn waits for other nodes' writes: the
-        node's next writers decide meanwhile). A Conflict on the write leaves every op pending (the
-        retry reads the pool again; reservations already made are kept)."""
+        and awaited after it. A Conflict on the write leaves every op pending (the retry reads the pool
+        again; reservations already made are kept)."""
         pending = [op for op in self.ops if not op.done]
         if not pending:
             return
         undecide(pending)  # an attempt before this one failed: its decisions are void
-        with self.e.atomic(self.name, pending[0].owner.node) as lock:
+        with self.reads.exclusive(), self.e.atomic(self.name, pending[0].owner.node) as lock:
             sent = self._locked(lock, pending)
-        self._written(sent)
+        with self.reads.sending(sent):
+            self._written(sent)
 
     def _locked(self, lock: nodelock.Held | None, pending: list[Op]) -> Sent:
         self.lock = lock
@@ -168,20 +175,18 @@ class Attempt:
             for op in pending:
                 for name, offset in op.claims.mine.items():
                     reservations.note_claim(lock, name, offset, op.owner)
-        memory = self.memory
-        hot = memory.hot()
         lost = sum(op.claims.lost for op in pending)
-        view, got, cached = self.decide_batch(pending[0].rng, lock, pending, hot)
+        view, got, snapshot = self.reads.decide(self, pending[0].rng, lock, pending, self.reads.hot())
         if sum(op.claims.lost for op in pending) > lost:
-            memory.heat(HOT_SECONDS)  # races lost to other nodes: the next calls here spread at once
-        return self._send(view, got.changes, cached, got.decided, lock)
+            self.reads.raced()
+        return self._send(view, got.changes, snapshot, got.decided, lock)
 
     def _send(
-        self, view: PoolView, changes: Changes, cached: bool, decided: list[Op], lock: nodelock.Held | None
+        self, view: PoolView, changes: Changes, snapshot: bool, decided: list[Op], lock: nodelock.Held | None
     ) -> Sent:  # fmt: skip
         """The batch's one write begun (none when it changes nothing): written at once, or waiting."""
         update = changes.update()
-        whole = cached and any(op.kind == "add" for op in decided)
+        whole = snapshot and any(op.kind == "add" for op in decided)
         update = PoolUpdate(update.put, update.remove, whole, decided[0].owner.node if decided else "")
         sent = Sent(decided, lock, update)
         if not update or (view.version is None and not update.put):
@@ -199,10 +204,8 @@ class Attempt:
         if sent.waiting is not None:
             with self._failing(sent):
                 sent.version = sent.waiting()
-        memory = self.memory
         if sent.version is not None:
-            pool = self.e.store.written(self.name, sent.version) if memory.kept else None
-            memory.wrote(sent.lock, pool, sent.version)
+            self.reads.wrote(self, sent.lock, sent.version)
         for op in sent.decided:  # a mode that releases in the batch: its DELs written once released
             if op.kind == "add" or not self.releases:
                 op.to(operation.WRITTEN)
@@ -222,81 +225,10 @@ class Attempt:
                 op.sent += [f for f in op.freed if f not in op.sent]
             raise
         except Conflict:
-            self.reread = True  # not a cached read next time: it may not hold what we met
-            if sent.update.whole:  # written since the view this process kept: read it for a while
-                self.memory.seen_foreign(HOT_SECONDS)
-            else:
-                self.memory.heat(HOT_SECONDS)  # another node wrote this pool meanwhile
+            self.reads.conflicted(sent.update.whole)
             raise
 
     # ---- deciding ---------------------------------------------------------------------------------
-
-    def decide_batch(
-        self, rng: IPRange, lock: nodelock.Held | None, pending: list[Op], hot: bool | None
-    ) -> tuple[PoolView, Pass, bool]:
-        """Decide the batch on the first of the pool's SOURCES that serves it: (the view decided on, the
-        pass, whether the view is the one this process kept). A source that is not there is skipped; a
-        pass on one that may lack newer writes (`_lacking`: stopped stale, an ADD failed on it, a DEL
-        found nothing) is undone and the batch decided on the next; `stored` is final.
-
-        - `kept`: the pool as this process' last write left it (Memory.view: the agent, while no other
-          holder of the node lock wrote since), for DELs, and for ADDs while no other node raced this one
-          on the pool and no foreign write was seen lately: an ADD must see every entry of its pod, also
-          one written outside this node's lock (upstream whereabouts during a migration), so a write
-          with ADDs decided on it needs the whole pool still at its version. The pass stops at the first
-          candidate whose reservation is newer than the snapshot (stale: no lost race); when it lacks,
-          `cached` is skipped.
-        - `cached`: the pool read at least as new as this process' last write of it (Memory.floor: a
-          server's cache holds that write); not after a failed write (`reread`), nor without a floor (a
-          plugin process).
-        - `stored`: the pool as stored.
-        Each op keeps the reservations it made whatever the source."""
-        before = [op.claims.lost for op in pending]  # (every op pending: step)
-        tried = False
-        for source in SOURCES:
-            view = self._read(source, rng, lock, pending, hot, tried)
-            if view is None:
-                continue
-            tried = True
-            view, got = self._decide_on(source, rng, view, [op for op in pending if not op.done], hot)
-            if source == STORED or not _lacking(got, pending):
-                return view, got, source == KEPT
-            if got.stale or _failed_add(pending):  # the failures met on it void too
-                if source == KEPT:
-                    self.memory.seen_foreign(HOT_SECONDS)
-                for op, n in zip(pending, before, strict=True):
-                    op.claims.lost = n
-                undecide(pending, failed=True)
-            else:
-                undecide(pending)
-        raise AssertionError("the stored pool is always a source")  # (the loop returns on STORED)
-
-    def _read(
-        self, source: str, rng: IPRange, lock: nodelock.Held | None, pending: list[Op], hot: bool | None,
-        tried: bool,
-    ) -> PoolView | None:  # fmt: skip
-        """The pool from `source` (decide_batch), or None when that source is not there."""
-        if source == KEPT:
-            pool = self.memory.view(lock) if _trusts_snapshot(self.memory, pending, hot) else None
-            return None if pool is None or not same_network(pool.range, rng) else SnapshotView(pool)
-        if source == CACHED:
-            floor = "" if self.reread or tried else self.memory.floor
-            return self.e.view(rng, floor) if floor else None
-        return self.e.view(rng)
-
-    def _decide_on(
-        self, source: str, rng: IPRange, view: PoolView, pending: list[Op], hot: bool | None
-    ) -> tuple[PoolView, Pass]:
-        """Decide on `view`: the view decided on and the pass. On a pool other nodes write too (`hot`)
-        and a store that checks whole versions, when the pass on a read created reservations: decided
-        again on the pool read again if it moved meanwhile (module docstring)."""
-        got = self.decide_all(view, pending, hot, snapshot=source == KEPT)
-        if source != KEPT and hot and got.claimed and not self.e.store.merges:
-            again = self.e.view(rng)
-            if again.version != view.version:
-                undecide(pending)
-                return again, self.decide_all(again, [op for op in pending if not op.done], hot)
-        return view, got
 
     def decide_all(
         self, view: PoolView, pending: list[Op], hot: bool | None, snapshot: bool = False,
@@ -395,20 +327,3 @@ def undecide(ops: list[Op], failed: bool = False) -> None:
     for op in ops:
         if op.state == operation.DECIDED or (failed and op.state == operation.FAILED):
             op.to(operation.PENDING)
-
-
-def _trusts_snapshot(memory: Memory, pending: list[Op], hot: bool | None) -> bool:
-    """Whether the batch may start from the process' snapshot (Attempt.decide_batch)."""
-    adds = any(op.kind == "add" for op in pending)
-    shared = memory.last is not None and memory.last.shared  # other nodes' writes outdate it at once
-    return memory.kept and (not adds or (not hot and not memory.foreign() and not shared))
-
-
-def _failed_add(pending: list[Op]) -> bool:
-    return any(op.kind == "add" and op.state == operation.FAILED for op in pending)
-
-
-def _lacking(got: Pass, pending: list[Op]) -> bool:
-    """The view a pass decided on may lack newer writes: it stopped stale, an ADD failed on it, or a DEL
-    found nothing on it."""
-    return got.stale or _failed_add(pending) or any(op.kind == "del" and not op.freed for op in got.decided)

@@ -238,14 +238,6 @@ class Changes:
     def update(self) -> PoolUpdate:
         return PoolUpdate(put=dict(self.put), remove=frozenset(self.remove))
 
-    def mark(self) -> tuple[dict[str, Allocation], set[str], set[int]]:
-        """The decisions so far, for `restore`."""
-        return dict(self.put), set(self.remove), set(self._held)
-
-    def restore(self, mark: tuple[dict[str, Allocation], set[str], set[int]]) -> None:
-        """Back to the decisions of `mark` (those taken since are dropped)."""
-        self.put, self.remove, self._held = dict(mark[0]), set(mark[1]), set(mark[2])
-
 
 # ---- decisions ----------------------------------------------------------------------------------------
 

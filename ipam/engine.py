@@ -7,9 +7,11 @@ reservation after. A crash between the two steps leaves at worst a reservation w
 (an address parked, never one handed out twice); the same owner's next ADD reuses it, its DEL frees it
 (ipam.reservations: Reservations.sweep), and GC and the reconciler free it once the owner is gone.
 
-A call is answered once its pool write is done, in a plugin process (ipam.exec_plain) and in the agent
-(ipam.batch: the calls of one pool that arrive while a write is in flight share the next one); the agent
-answers before the write only where a config opts in (`answer_before_write`)."""
+The engine runs each range's ops with the executor it was built with (`execute`): a plugin process' own
+(ipam.exec_plain, the default) or the agent's (ipam.batch: the calls of one pool that arrive while a write
+is in flight share the next one), chosen once where the engine is built (ipam.plugin.EXECUTE, set by the
+agent at its start). A call is answered once its pool write is done, in both; the agent answers before
+the write only where a config opts in (`answer_before_write`)."""
 
 from __future__ import annotations
 
@@ -20,11 +22,11 @@ from collections.abc import Callable, Mapping, Set
 
 from cni import log
 from cni.errors import CheckError, CniError, Code
-from ipam import allocator, batch, exec_plain, nodelock, removal
+from ipam import allocator, exec_plain, nodelock, removal
 from ipam.allocator import SnapshotView
 from ipam.config import IpamConfig
 from ipam.model import Allocation, Attachment, Pool, PoolUpdate, PoolView, by_attachment, joined
-from ipam.operation import Op
+from ipam.operation import Op, Unanswered
 from ipam.ranges import IPRange, same_network
 from ipam.reservations import Reservations, reserved_for
 from ipam.retry import Retry
@@ -34,34 +36,36 @@ from ipam.store.names import pool_name
 CLUSTER_STORES = ("kubernetes", "etcd")
 
 
+type Execute = Callable[["Engine", list[Op]], None]
+
+
 class Engine:
     def __init__(
         self, store: Store, conf: IpamConfig, retry: Retry | None = None,
         reopen: Callable[[], contextlib.AbstractContextManager[Store]] | None = None,
+        execute: Execute = exec_plain.run,
     ) -> None:  # fmt: skip
         """`reopen`: a handle of the store for the agent's batch thread (default: a handle of conf.store
-        from ipam.store.handles, warm in the agent)."""
+        from ipam.store.handles, warm in the agent); `execute`: how ops run (module docstring)."""
         self.store, self.conf, self.retry = store, conf, retry or Retry()
-        self.reopen = reopen
+        self.reopen, self.execute = reopen, execute
         s = conf.store
         self.identity = f"{s.datastore}|{s.kubernetes.kubeconfig}|{s.etcd.host}|{s.local_db}"
         cluster = s.datastore in CLUSTER_STORES
         self.lock_dir = os.path.join(os.path.dirname(s.local_db), "pool-locks") if cluster else ""
-        # pool entries without pycni's extras (pod UID, network, node) where every entry's reservation
-        # carries them: on the Kubernetes store they are a per-entry annotation of the pool object, which
-        # every write of it pays for (docs/benchmarks.md); readers join them back (ipam.model.joined).
-        # Node slices too: a slice pool has one writer, but each of its writes still pays for its size
-        # (the reconciler finds a slice pool's entry by the node its reservation records). Decided per
-        # op (lean_for): a batch of the agent may hold ops of configurations that differ in overlapping
-        self.lean = conf.overlapping and s.datastore == "kubernetes"
         self.reservations = Reservations(store, conf, self.retry, self.pool_name, self.atomic)
 
     def on(self, store: Store) -> Engine:
         """This engine on another handle of its store (the agent's batch thread has its own)."""
-        return type(self)(store, self.conf, self.retry, self.reopen)
+        return type(self)(store, self.conf, self.retry, self.reopen, self.execute)
 
     def lean_for(self, op: Op) -> bool:
-        """Whether `op`'s pool entry is written without extras (its reservation carries them)."""
+        """Whether `op`'s pool entry is written without extras (its reservation carries them). Pool
+        entries without pycni's extras (pod UID, network, node) where every entry's reservation carries
+        them: on the Kubernetes store they are a per-entry annotation of the pool object, which every
+        write of it pays for (docs/benchmarks.md); readers join them back (ipam.model.joined). Node
+        slices too: a slice pool has one writer, but each of its writes still pays for its size. Decided
+        per op: a batch of the agent may hold ops of configurations that differ in overlapping."""
         return op.overlapping and self.conf.store.datastore == "kubernetes"
 
     def pool_name(self, rng: IPRange) -> str:
@@ -111,13 +115,12 @@ class Engine:
     # ---- batches: ADD and DEL ---------------------------------------------------------------------
 
     def _run(self, ops: list[Op]) -> None:
-        """Run ops of one range (one pool) to completion in this process' execution mode: the agent's
-        (ipam.batch: concurrent calls share one write) or a plugin process' (ipam.exec_plain);
-        raise an op's own error."""
+        """Run ops of one range (one pool) to completion with this engine's executor; raise an op's own
+        error."""
         now = self.retry.clock()
         for op in ops:
             op.started = op.begun = now
-        (batch.run if batch.sharing() else exec_plain.run)(self, ops)
+        self.execute(self, ops)
         for op in ops:
             if op.error is not None:
                 raise op.error
@@ -154,7 +157,7 @@ class Engine:
             offset = op.offsets[0]
             keep = self.reservation_name(rng, offset) if self.conf.overlapping else ""
             return offset
-        except batch.Unanswered as e:
+        except Unanswered as e:
             if e.held:  # a batch under way still holds the op: its claims are that batch's
                 op = Op("add", rng, owner, self.conf.overlapping)
             raise
@@ -172,9 +175,7 @@ class Engine:
     def _delete_range(self, rng: IPRange, owner: Allocation) -> bool:
         """Release one range; False when the pool held nothing of this attachment."""
         op = Op("del", rng, owner, self.conf.overlapping, self.conf.answer_before_write)
-        self._run([op])
-        if not batch.sharing():  # the agent's batch released them after its write (ipam.batch)
-            self.release(op)
+        self._run([op])  # (its reservations released after its write, by the executor)
         return bool(op.freed or op.sent)
 
     def release(self, op: Op) -> None:

@@ -7,6 +7,7 @@ answer_before_write) is `answered` once decided: its caller returns then, its ba
 
 from __future__ import annotations
 
+from cni.errors import TryAgainError
 from cni.types.valueclass import field, valueclass
 from ipam.model import Allocation
 from ipam.ranges import IPRange
@@ -21,6 +22,16 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     WRITTEN: (),
     FAILED: (PENDING,),  # a failure met on a view found stale: decided again on the pool as stored
 }
+
+
+class Unanswered(TryAgainError):
+    """The caller of an op waited its whole budget for the agent's batch (ipam.combiner): code 11. `held`:
+    an op of the call is still in a batch under way, which owns it (and its claims) until that batch
+    ends."""
+
+    def __init__(self, msg: str, held: bool) -> None:
+        super().__init__(msg)
+        self.held = held
 
 
 class IllegalTransition(RuntimeError):

@@ -11,15 +11,20 @@ from cni import log, metrics, spec
 from cni.errors import CheckError, ConfigError, ExhaustedError, NotAvailableError, TryAgainError
 from cni.types.netconf import Request
 from cni.types.result import IPConfig, Result
-from ipam import config, requested
+from ipam import config, exec_plain, requested
 from ipam.config import IpamConfig
-from ipam.engine import Engine
+from ipam.engine import Engine, Execute
 from ipam.model import Allocation
 from ipam.ranges import IPRange
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     from ipam import claims
+
+
+# How the engines this module builds run their ops: a plugin process' own (ipam.exec_plain); the agent sets
+# its executor here once, at its start (ipam.batch.install), and every engine it builds gets it.
+EXECUTE: Execute = exec_plain.run
 
 
 def load(req: Request) -> IpamConfig:
@@ -74,7 +79,7 @@ def engine(
 
             node = node_name(req, req.conf.get("ipam") or {})
             conf = nodeslice.resolve(conf, store, req.name, node, assign)
-        yield Engine(store, conf)
+        yield Engine(store, conf, execute=EXECUTE)
 
 
 def result(conf: IpamConfig, got: list[tuple[IPRange, int]]) -> Result:

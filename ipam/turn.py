@@ -339,7 +339,9 @@ class Writer:
         still waiting (else free). Failures to write within the limit release the turn and raise."""
         self.rounds += 1
         last = held.last.done | held.last.rejected.keys()  # their writers have their verdict
-        intents = [i for i in self.o.intents(held.version) if i.name not in last]
+        listed = self.o.intents(held.version)
+        intents = [i for i in listed if i.name not in last]
+        leftover = [i for i in listed if i.name in last]  # their writers are gone (or late): deleted
         batch = ([Intent(MINE, mine)] if mine is not None else []) + intents
         got = _Round(held.last.pool)
         try:
@@ -348,7 +350,7 @@ class Writer:
             outcome = Outcome(held.last.n + 1, got.version, frozenset(got.done), got.rejected)
             self._release(held, outcome, last, got.wrote)
         handled = outcome.done | outcome.rejected.keys()
-        self._sweep([i for i in intents if i.age > STALE_SECONDS and i.name in handled])
+        self._sweep(leftover + [i for i in intents if i.age > STALE_SECONDS and i.name in handled])
         return outcome
 
     def _write_all(self, batch: list[Intent], held: State, got: _Round) -> None:
@@ -397,7 +399,8 @@ class Writer:
             log.info("turn: taken over meanwhile (this round's outcome unpublished)")
 
     def _sweep(self, stale: list[Intent]) -> None:
-        """Intents of writers that are gone (handled, never deleted by their writer)."""
+        """Intents of writers that are gone: handled by the round before this one (a live writer deletes
+        its own at once: a late one finds it gone), or long ago and handled again by this one."""
         for intent in stale:
             try:
                 self.o.delete(intent.name)

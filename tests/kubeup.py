@@ -160,7 +160,7 @@ class KubeServer:
             try:
                 if self.request("GET", "/readyz", raw=True).strip() == "ok":
                     return
-            except (OSError, ApiFailure):
+            except (RuntimeError, ApiFailure):  # (request: RuntimeError when it cannot connect)
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError("kube-apiserver not ready again after 60 s")

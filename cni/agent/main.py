@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     home = (os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC),
             os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))  # fmt: skip
     # every plugin, tool, IPAM and store module; cluster store connections outlive a request
-    warm(LAZY_MODULES, hooks=(keep_warm, lambda: batch.share(home=home)))
+    warm(LAZY_MODULES, hooks=(keep_warm, lambda: batch.install(home)))
     agent = Agent(args.fifo, build_id(), max_inflight=args.max_inflight, ipam_timeout=args.ipam_timeout)
     try:
         agent.bind()
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     for watch in (watching, claims):
         if watch is not None:
             watch.set()
-    from ipam.batch import settle_all
+    from ipam.combiner import settle_all
 
     if not settle_all(remaining(args.grace, agent.stopped_at)):  # batches of calls still in flight
         say("stopping with pool batches still under way (their calls get code 11 or run again)")

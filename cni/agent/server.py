@@ -414,7 +414,7 @@ def warm(modules: Iterable[str] = (), hooks: Iterable[Callable[[], None]] = ()) 
     """Import what requests need once, here, rather than concurrently in the first requests: the
     protocol core and the netlink modules, and `modules`; then run `hooks`. The server knows only the
     CNI side: the agent's composition root (cni.agent.main) passes the plugins, the IPAM and its stores
-    (cni.registry's lists) and the IPAM's own start-up (ipam.store.handles.keep_warm, ipam.batch.share)."""
+    (cni.registry's lists) and the IPAM's own start-up (ipam.store.handles.keep_warm, ipam.batch.install)."""
     import importlib
 
     from cni import log

@@ -35,7 +35,7 @@ class _Cache:
 
 
 def keep_warm(enabled: bool = True) -> None:
-    """The agent calls this once at start-up (with ipam.batch.share); plugin processes never do."""
+    """The agent calls this once at start-up (with ipam.batch.install); plugin processes never do."""
     _Cache.enabled = enabled
     if not enabled:
         clear()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ipam import batch
+from ipam import batch, plugin
 from ipam.config import from_dict
 from ipam.engine import Engine
 from ipam.model import Allocation, PoolUpdate, Reservation
@@ -30,15 +30,16 @@ def _engine(tenant: Tenant, tmp: Path) -> tuple[Engine, list[tuple[str, str]]]:
     conf = from_dict({"range": "198.51.100.0/24", "datastore": "kubernetes",
                       "kubernetes": {"kubeconfig": str(tenant.node)},
                       "local_db": str(tmp / "state" / "whereabouts.db")})  # fmt: skip
-    return Engine(store, conf, reopen=lambda: contextlib.nullcontext(store)), client.sent
+    engine = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store), execute=plugin.EXECUTE)
+    return engine, client.sent
 
 
 @pytest.fixture
 def agent() -> Iterator[None]:
     """The agent's sharing: each pool's memory kept with its combiner."""
-    batch.share(True)
+    batch.install()
     yield
-    batch.share(False)
+    batch.uninstall()
 
 
 def _sent(sent: list[tuple[str, str]]) -> list[tuple[str, str]]:

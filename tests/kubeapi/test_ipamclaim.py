@@ -27,7 +27,7 @@ import pytest
 
 from cni.errors import Code
 from cni.skel import parse_request
-from ipam import batch, claims, cli, config
+from ipam import batch, claims, cli, combiner, config
 from ipam.claimref import ClaimRef, claim_owner
 from ipam.claimwatch import ClaimWatch, Records, open_claim_watch
 from ipam.kubeapi import Client, load_kubeconfig
@@ -215,13 +215,13 @@ def test_without_the_crd_only_a_pod_naming_a_claim_fails_and_clearly(kube: KubeS
 def mode(request: pytest.FixtureRequest) -> Iterator[str]:
     """The calls as a plugin process makes them, or through the agent's pool batches (ipam.batch)."""
     if request.param == "agent":
-        batch.share(True)
+        batch.install()
     try:
         yield str(request.param)
     finally:
         if request.param == "agent":
-            assert batch.settle_all(30)
-            batch.share(False)
+            assert combiner.settle_all(30)
+            batch.uninstall()
 
 
 def test_a_vm_keeps_its_address_across_restarts_and_a_live_migration(crd: KubeServer, node: Node,

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cni.errors import CniError, Code
-from ipam import batch, rbac
+from ipam import batch, combiner, plugin, rbac
 from ipam.config import IpamConfig, from_dict
 from ipam.engine import Engine
 from ipam.kubeapi import Client, load_kubeconfig
@@ -77,17 +77,17 @@ def _conf(tenant: Tenant, tmp: Path) -> IpamConfig:
 @contextlib.contextmanager
 def _agent() -> Iterator[None]:
     """This process shares pool writes between its threads as the agent does."""
-    batch.share(True)
+    batch.install()
     try:
         yield
     finally:
-        assert batch.settle_all(60), "pool batches still under way after 60 s"
-        batch.share(False)
+        assert combiner.settle_all(60), "pool batches still under way after 60 s"
+        batch.uninstall()
 
 
 def _added(tenant: Tenant, tmp: Path) -> IpamConfig:
     conf = _conf(tenant, tmp)
-    [(_, offset)] = Engine(_faulty(tenant), conf).add(A)
+    [(_, offset)] = Engine(_faulty(tenant), conf, execute=plugin.EXECUTE).add(A)
     assert offset == 1 and len(tenant.reservations()) == 1
     assert len(tenant.pools()[POOL]) == 1
     return conf
@@ -105,7 +105,7 @@ def test_a_del_whose_pool_write_answer_is_lost_still_frees_the_reservation(
     conf = _added(tenant, tmp_path)
     store = _faulty(tenant)
     store.lose = 1
-    engine = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store))
+    engine = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store), execute=plugin.EXECUTE)
     with _agent() if mode == "agent" else contextlib.nullcontext():
         engine.delete(A)
     assert store.lost == 1  # the write was applied and its answer lost: the retry found the pool freed
@@ -116,7 +116,7 @@ def test_a_reservation_delete_without_an_answer_is_judged_again(tenant: Tenant, 
     conf = _added(tenant, tmp_path)
     store = _faulty(tenant)
     store.unanswered = 1
-    engine = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store))
+    engine = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store), execute=plugin.EXECUTE)
     with _agent():
         engine.delete(A)
     assert store.refused == 1
@@ -132,7 +132,8 @@ def test_a_release_that_fails_is_the_dels_error_and_its_retry_frees_it(
     conf = _added(tenant, tmp_path)
     store = _faulty(tenant)
     store.down = 2  # the DELETE with the known version, then the retried one: the whole first release
-    engine = Engine(store, conf, Retry(outage=0.0), reopen=lambda: contextlib.nullcontext(store))
+    engine = Engine(store, conf, Retry(outage=0.0), reopen=lambda: contextlib.nullcontext(store),
+                    execute=plugin.EXECUTE)
     with _agent():
         with pytest.raises(CniError) as err:
             engine.delete(A)

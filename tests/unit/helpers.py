@@ -114,6 +114,26 @@ def in_threads(n: int, call: Callable[[int], Any], timeout: float = 60.0) -> lis
     return out
 
 
+class Counted:
+    """A fault hook (cni.faults) that counts the steps it sees and passes each on to `then` (another hook,
+    if any): e.g. `combiner-queued`, one per call queued on a pool's combiner (ipam.combiner)."""
+
+    def __init__(self, then: Callable[[str], None] | None = None) -> None:
+        self.seen: dict[str, int] = {}
+        self.then = then
+        self.lock = threading.Lock()
+
+    def __call__(self, step: str) -> None:
+        with self.lock:
+            self.seen[step] = self.seen.get(step, 0) + 1
+        if self.then is not None:
+            self.then(step)
+
+    def __getitem__(self, step: str) -> int:
+        with self.lock:
+            return self.seen.get(step, 0)
+
+
 def written(op: Op) -> None:
     """A fake batch executor's "written": `op` decided, then written (ipam.operation.Op.to)."""
     op.to(DECIDED)

@@ -146,8 +146,8 @@ def test_every_dotted_name_on_the_page_exists(page: str) -> None:
 
 
 def test_the_resolver_finds_what_exists_and_nothing_else() -> None:
-    for good in ("batch.settle_all", "Engine.add", "cni.agent.server.warm", "store.commit_pool", "Op.to",
-                 "handles.BATCH", "main.remaining", "attempt.Memory", "sys.executable"):
+    for good in ("combiner.settle_all", "Engine.add", "cni.agent.server.warm", "store.commit_pool", "Op.to",
+                 "handles.BATCH", "main.remaining", "agentreads.Memory", "sys.executable"):
         assert resolves(good), good
     for bad in ("leftover.free", "handles.settle", "Engine.nothing", "cni.agent.server.nothing"):
         assert not resolves(bad), bad

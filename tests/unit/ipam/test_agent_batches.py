@@ -13,12 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ipam import batch
+from ipam import plugin
 from ipam.config import from_dict
 from ipam.engine import Engine
 from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.store.base import Conflict
 from tests.memstore import Backend, MemoryStore, _Pool
+from tests.unit.ipam.conftest import count_queued
 from tests.waits import until
 
 RANGE = "198.51.100.0/24"
@@ -56,7 +57,8 @@ class Setup:
         return GateStore(self.backend, self.gate, self.writes, self.before_commit, self.arrived)
 
     def engine(self) -> Engine:
-        return Engine(self.store(), self.conf, reopen=lambda: contextlib.nullcontext(self.store()))
+        return Engine(self.store(), self.conf, reopen=lambda: contextlib.nullcontext(self.store()),
+                      execute=plugin.EXECUTE)
 
 
 def owner(i: int) -> Allocation:
@@ -84,12 +86,12 @@ def test_calls_that_arrive_during_a_write_share_the_next_and_return_after_it(
     first: list[Any] = []
     threads = [_start(lambda: add(0), first)]
     assert s.arrived.wait(30)  # the first call's write is at the gate
-    comb = batch.combiner((s.engine().identity, POOL))
+    queued = count_queued()
     n = 5
     rest: list[Any] = []
     for i in range(1, n + 1):
         threads.append(_start(lambda i=i: add(i), rest))  # type: ignore[misc]
-        until(lambda i=i: comb.pending() == i, f"{i} calls pending")  # type: ignore[misc]
+        until(lambda i=i: queued["combiner-queued"] == i, f"{i} calls pending")  # type: ignore[misc]
     assert first == [] and rest == []  # nobody answered while the pool write is held
     s.gate.set()
     for t in threads:
@@ -114,9 +116,10 @@ def test_calls_that_arrive_during_a_write_share_the_next_and_return_after_it(
     done: list[Any] = []
     threads = [_start(lambda: delete(0), done)]
     assert s.arrived.wait(30)
+    queued = count_queued()  # the DELs counted alone
     for i in range(1, n + 1):
         threads.append(_start(lambda i=i: delete(i), done))  # type: ignore[misc]
-        until(lambda i=i: comb.pending() == i, f"{i} calls pending")  # type: ignore[misc]
+        until(lambda i=i: queued["combiner-queued"] == i, f"{i} calls pending")  # type: ignore[misc]
     assert done == []
     s.gate.set()
     for t in threads:
@@ -178,11 +181,11 @@ def test_two_configurations_of_one_pool_keep_their_own_entries(agent: None, tmp_
     got: list[Any] = []
     warm = _start(lambda: lean.engine().add(Allocation("c0", "ns/c0", "net1", "uid-0", "n", "node1")), got)
     assert lean.arrived.wait(30)
-    comb = batch.combiner((lean.engine().identity, POOL))
+    queued = count_queued()
     t1 = _start(lambda: lean.engine().add(a), got)
-    until(lambda: comb.pending() == 1, "one call pending")
+    until(lambda: queued["combiner-queued"] == 1, "one call pending")
     t2 = _start(lambda: full.engine().add(b), got)  # the latest caller: non-overlapping
-    until(lambda: comb.pending() == 2, "two calls pending")
+    until(lambda: queued["combiner-queued"] == 2, "two calls pending")
     lean.gate.set()
     for t in (warm, t1, t2):
         t.join(30)

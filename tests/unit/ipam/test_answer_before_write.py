@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from cni.errors import ConfigError
-from ipam import batch
+from ipam import combiner, plugin
 from ipam.config import from_dict
 from ipam.engine import Engine
 from tests.unit.ipam.test_agent_batches import POOL, RANGE, Setup, _foreign, _start, owner
@@ -42,7 +42,7 @@ def test_an_add_and_a_del_are_answered_before_their_pool_write_which_follows(
     assert {r.name: r.owner.container_id for r in s.backend.reservations.values()} == {"198.51.100.1": "c1"}
     assert s.arrived.wait(30) and POOL not in s.backend.pools
     s.gate.set()
-    assert batch.settle_all(30)
+    assert combiner.settle_all(30)
     assert s.backend.pools[POOL].allocations["1"].container_id == "c1"
 
     s.gate.clear()
@@ -54,7 +54,7 @@ def test_an_add_and_a_del_are_answered_before_their_pool_write_which_follows(
     assert s.arrived.wait(30)
     assert s.backend.pools[POOL].allocations["1"].container_id == "c1"  # not written yet
     s.gate.set()
-    assert batch.settle_all(30)
+    assert combiner.settle_all(30)
     assert s.backend.pools[POOL].allocations == {} and s.backend.reservations == {}
 
 
@@ -98,7 +98,7 @@ def test_calls_during_a_held_write_are_answered_without_waiting_for_it_and_share
     _start(lambda: s.engine().delete(owner(n)), gone).join(30)
     assert gone == [None]
     s.gate.set()
-    assert batch.settle_all(30)
+    assert combiner.settle_all(30)
     assert [len(w.put) for w in s.writes] == [1, n - 1]  # the next write: the ADDs but the deleted one
     pool = s.backend.pools[POOL].allocations
     assert {k: a.container_id for k, a in pool.items()} == {str(i + 1): f"c{i}" for i in range(n)}
@@ -110,7 +110,7 @@ def test_a_write_lost_after_the_answer_keeps_the_answered_address(agent: None, t
     s = Early(tmp_path, before_commit=_foreign(2))  # another writer takes .2 and the first write fails
     s.gate.set()
     got = s.engine().add(owner(7))[0][1]
-    assert batch.settle_all(30)
+    assert combiner.settle_all(30)
     pool = s.backend.pools[POOL].allocations
     assert got == 1 and pool["1"].container_id == "c7" and pool["2"].container_id == "foreign"
 
@@ -124,7 +124,7 @@ def test_an_answered_add_that_cannot_be_written_is_logged_and_keeps_its_reservat
     s = Early(tmp_path, before_commit=_foreign(1))
     s.gate.set()
     got = s.engine().add(owner(7))[0][1]
-    assert batch.settle_all(30)
+    assert combiner.settle_all(30)
     assert got == 1 and s.backend.pools[POOL].allocations["1"].container_id == "foreign"
     assert [r.owner.container_id for r in s.backend.reservations.values()] == ["c7"]
     err = capfd.readouterr().err
@@ -134,7 +134,7 @@ def test_an_answered_add_that_cannot_be_written_is_logged_and_keeps_its_reservat
 def test_without_the_agent_the_option_changes_nothing(tmp_path: Path) -> None:
     s = Early(tmp_path)
     got: list[Any] = []
-    t = _start(lambda: Engine(s.store(), s.conf).add(owner(1))[0][1], got)
+    t = _start(lambda: Engine(s.store(), s.conf, execute=plugin.EXECUTE).add(owner(1))[0][1], got)
     assert s.arrived.wait(30)
     assert got == []  # a plugin process answers after its write
     s.gate.set()

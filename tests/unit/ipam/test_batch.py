@@ -19,10 +19,11 @@ import pytest
 
 from cni import procs
 from cni.errors import CniError, Code, TryAgainError
-from ipam import batch, nodelock, operation
+from ipam import batch, combiner, nodelock, operation, plugin
+from ipam.agentreads import Memory
 from ipam.allocator import SnapshotView
-from ipam.attempt import Memory
-from ipam.batch import Combiner
+from ipam.attempt import Stored
+from ipam.combiner import Combiner
 from ipam.config import IpamConfig, from_dict
 from ipam.decide import Changes
 from ipam.engine import Engine
@@ -30,7 +31,8 @@ from ipam.model import Allocation, Pool, PoolUpdate, Reservation
 from ipam.operation import Op
 from ipam.ranges import IPRange
 from tests.memstore import Backend, MemoryStore
-from tests.unit.helpers import decided, in_threads, written
+from tests.unit.helpers import Counted, decided, in_threads, written
+from tests.unit.ipam.conftest import count_queued
 from tests.waits import until
 
 A = Allocation("ca", "ns/a", "net1", "", "n", "node1")
@@ -47,8 +49,8 @@ def test_batch_view_hides_removed_and_shows_decided_entries() -> None:
     view = Changes(SnapshotView(Pool("p", RANGE, {"1": A, "2": B})))
     r = rng()
     first = decided(r, view, C)
-    assert first.offset == 3
-    view.apply(first.update)
+    assert (first.offset, first.kind) == (3, "new")
+    view.apply(PoolUpdate(put={"3": C}))
     view.apply(PoolUpdate(remove=frozenset({"1"})))
     assert view.owned(C) == [("3", C)] and view.owned(A) == []
     # a freed offset is not handed out again by the same write; the next free one is
@@ -73,48 +75,45 @@ def _engine(backend: Backend, writes: list[int], pause: float = 0.02, **ipam: An
     conf = from_dict({"range": RANGE, "datastore": "kubernetes",
                       "kubernetes": {"kubeconfig": "/nonexistent"}, **ipam})  # fmt: skip
     store = CountingStore(backend, writes, pause)
-    return Engine(store, conf, reopen=lambda: contextlib.nullcontext(store))
+    return Engine(store, conf, reopen=lambda: contextlib.nullcontext(store), execute=plugin.EXECUTE)
 
 
 @pytest.fixture
 def shared() -> Any:
-    batch.share(True)
+    batch.install()
     yield
-    batch.share(False)
+    batch.uninstall()
 
 
 @pytest.fixture
 def kept() -> Any:
-    """The agent's sharing: the pool's memory kept with its combiner (ipam.attempt.Memory)."""
-    batch.share(True)
+    """The agent's sharing: the pool's memory kept with its combiner (ipam.agentreads.Memory)."""
+    batch.install()
     yield
-    batch.share(False)
+    batch.uninstall()
 
 
 class GatedStore(CountingStore):
-    """The first pool write of a phase waits until every other call of the phase is queued on the pool's
-    combiner (bounded: 30 s), so the test does not depend on the threads keeping pace with each other."""
+    """The first pool write of a phase waits until all `n` calls of the phase are queued on the pool's
+    combiner (`queued`: counted since the phase began; bounded: 30 s), so the test does not depend on
+    the threads keeping pace with each other."""
 
-    def __init__(self, backend: Backend, writes: list[int], waiting: Any, n: int,
+    def __init__(self, backend: Backend, writes: list[int], queued: Counted, n: int,
                  arrived: threading.Event | None = None) -> None:  # fmt: skip
         super().__init__(backend, writes, 0.0)
-        self.waiting, self.n = waiting, n
+        self.queued, self.n = queued, n
         self.arrived = arrived or threading.Event()  # set when the first write begins
 
     def commit_pool(self, pool: Pool, update: PoolUpdate) -> str:
         if not self.writes:
             self.arrived.set()
-            first = len(update.put) + len(update.remove)
-            until(lambda: self.waiting().pending() >= self.n - first, "the other calls queued")
+            until(lambda: self.queued["combiner-queued"] >= self.n, "the other calls queued")
         return super().commit_pool(pool, update)
 
 
 def _gated(store: GatedStore, conf: IpamConfig) -> Engine:
-    """An engine on `store`, whose first write waits for the engine's combiner of the pool."""
-    e = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store))
-    key = (e.identity, e.pool_name(conf.ranges[0]))
-    store.waiting = lambda: batch.combiner(key)
-    return e
+    """An engine on `store` (the agent's, as the plugin builds it)."""
+    return Engine(store, conf, reopen=lambda: contextlib.nullcontext(store), execute=plugin.EXECUTE)
 
 
 def test_concurrent_calls_in_one_process_share_writes(shared: None, tmp_path: Path) -> None:
@@ -125,9 +124,10 @@ def test_concurrent_calls_in_one_process_share_writes(shared: None, tmp_path: Pa
                       "local_db": str(tmp_path / "db")})  # fmt: skip
 
     def engine(writes: list[int]) -> Engine:
-        return _gated(GatedStore(backend, writes, lambda: None, n), conf)
+        return _gated(GatedStore(backend, writes, queued, n), conf)
 
     writes: list[int] = []
+    queued = count_queued()
 
     def add(i: int) -> str:
         r, offset = engine(writes).add(owners[i])[0]
@@ -142,6 +142,7 @@ def test_concurrent_calls_in_one_process_share_writes(shared: None, tmp_path: Pa
     assert {r.owner.container_id for r in backend.reservations.values()} == {o.container_id for o in owners}
 
     removed: list[int] = []
+    queued = count_queued()  # the DELs' phase counted alone
     in_threads(n, lambda i: engine(removed).delete(owners[i]))
     assert backend.pools["198.51.100.0-24"].allocations == {} and backend.reservations == {}
     assert sum(removed) == n and len(removed) <= 2
@@ -168,8 +169,10 @@ def test_an_op_failing_alone_does_not_fail_its_batch(shared: None, tmp_path: Pat
     conf = from_dict({"range": "198.51.100.0/30", "datastore": "kubernetes", "local_db": str(tmp_path / "db"),
                       "kubernetes": {"kubeconfig": "/nonexistent"}})  # fmt: skip
 
+    queued = count_queued()
+
     def add(i: int) -> int | str:
-        e = _gated(GatedStore(backend, writes, lambda: None, 3, arrived), conf)
+        e = _gated(GatedStore(backend, writes, queued, 3, arrived), conf)
         try:
             return e.add(owners[i])[0][1]
         except CniError as err:  # the exhausted one
@@ -203,10 +206,11 @@ def test_combiner_runs_queued_ops_of_other_threads() -> None:
     first = threading.Thread(target=comb.run, args=([ops["a"]], execute))
     first.start()
     assert inside.wait(30)
+    queued = count_queued()
     others = [threading.Thread(target=comb.run, args=([ops[k]], execute)) for k in "bc"]
     for t in others:
         t.start()
-    until(lambda: comb.pending() == 2, "both queued behind the running batch")
+    until(lambda: queued["combiner-queued"] == 2, "both queued behind the running batch")
     release.set()
     for t in (first, *others):
         t.join(30)
@@ -321,7 +325,7 @@ def test_cluster_store_attempts_hold_the_node_lock(tmp_path: Path) -> None:
                       "local_db": str(tmp_path / "state" / "ipam.db")})  # fmt: skip
     backend, writes = Backend(), []
     store = ProbingStore(backend, writes)
-    e = Engine(store, conf)
+    e = Engine(store, conf, execute=plugin.EXECUTE)
     lock = nodelock.path_for(str(tmp_path / "state" / "pool-locks"), e.identity, "node1", "198.51.100.0-24")
     store.lock = lock
     e.add(A)
@@ -352,18 +356,18 @@ def test_a_race_lost_to_another_writer_heats_the_pool_and_the_next_call_scatters
     e2.retry = type(e2.retry)(rand=lambda: picks.append(1) or 0.99)
     owner_b = Allocation("cb", "ns/b", "net1", "", "n", "node2")
     assert e2.add(owner_b)[0][1] == 252 and len(picks) == 1  # 99% into .1-.254: .252
-    assert batch.combiner((e2.identity, "198.51.100.0-24")).memory.hot()
+    assert batch.memory(combiner.combiner((e2.identity, "198.51.100.0-24"))).hot()
     got = e2.add(Allocation("cc", "ns/c", "net1", "", "n", "node2"))[0][1]
     assert len(picks) == 2 and got == 253  # hot: scattered from the first candidate (.252 is taken)
 
 
 def test_the_agents_memory_of_a_pool_serves_only_while_no_other_holder_wrote(tmp_path: Path) -> None:
-    """ipam.attempt.Memory: the pool as this process' last write left it is offered to its next batch
+    """ipam.agentreads.Memory: the pool as this process' last write left it is offered to its next batch
     only while the node lock's counter moved by exactly one since (no other holder in between); a
-    plugin process' memory (not kept) notes nothing and knows nothing of the pool's heat."""
+    plugin process' read policy (ipam.attempt.Stored) knows nothing of the pool's heat."""
     path = str(tmp_path / "locks" / "p.lock")
     pool = Pool("p", RANGE, {"1": A}, "7")
-    memory = Memory(kept=True)
+    memory = Memory()
     with nodelock.held(path) as first:
         assert memory.view(first) is None  # nothing kept yet
         memory.wrote(first, pool, "7")
@@ -375,11 +379,7 @@ def test_the_agents_memory_of_a_pool_serves_only_while_no_other_holder_wrote(tmp
     with nodelock.held(path) as fourth:
         assert memory.view(fourth) is pool
     assert memory.view(None) is None  # without the lock: no way to tell
-    plain = Memory()
-    with nodelock.held(path) as held:
-        plain.wrote(held, pool, "9")
-    with nodelock.held(path) as held:
-        assert plain.view(held) is None and plain.floor == "" and plain.hot() is None
+    assert Stored().hot() is None
     assert sorted(os.listdir(tmp_path / "locks")) == ["p.lock"] and os.stat(path).st_size == 8
 
 
@@ -406,10 +406,12 @@ def test_the_agents_del_batch_releases_its_reservations_before_it_ends(shared: N
             super().delete_reservation(res)
 
     def engine(writes: list[int]) -> Engine:
-        return _gated(Releasing(backend, writes, lambda: None, n), conf)
+        return _gated(Releasing(backend, writes, queued, n), conf)
 
     added: list[int] = []  # one list per phase: only the phase's first write waits for the others
+    queued = count_queued()
     in_threads(n, lambda i: engine(added).add(owners[i]))
+    queued = count_queued()
     removed: list[int] = []
     failed: list[str] = []
 
@@ -448,13 +450,13 @@ def _lagging(backend: Backend, tmp_path: Path) -> tuple[Engine, LaggingStore]:
     conf = from_dict({"range": RANGE, "datastore": "kubernetes", "kubernetes": {"kubeconfig": "/nonexistent"},
                       "local_db": str(tmp_path / "state" / "ipam.db")})  # fmt: skip
     store = LaggingStore(backend)
-    return Engine(store, conf, reopen=lambda: contextlib.nullcontext(store)), store
+    return Engine(store, conf, reopen=lambda: contextlib.nullcontext(store), execute=plugin.EXECUTE), store
 
 
 def test_a_read_without_a_snapshot_asks_for_the_pool_no_older_than_this_nodes_last_write(
     kept: None, tmp_path: Path,
 ) -> None:
-    """The agent keeps the pool's version after its write (its floor: ipam.attempt.Memory): a later
+    """The agent keeps the pool's version after its write (its floor: ipam.agentreads.Memory): a later
     batch that must read the pool lets the store answer from a cache at least that new."""
     backend = Backend()
     e, store = _lagging(backend, tmp_path)
@@ -463,7 +465,7 @@ def test_a_read_without_a_snapshot_asks_for_the_pool_no_older_than_this_nodes_la
     store.reads.clear()
     assert e.add(B)[0][1] == 2
     assert store.reads == [("recent", floor)]
-    memory = batch.combiner((e.identity, "198.51.100.0-24")).memory
+    memory = batch.memory(combiner.combiner((e.identity, "198.51.100.0-24")))
     assert memory.floor == backend.pools["198.51.100.0-24"].version
 
 

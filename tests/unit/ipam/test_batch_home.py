@@ -1,5 +1,5 @@
 """The agent's batch threads run in the agent's own network namespace and working directory (given at
-start-up: ipam.batch.share `home`), not in those of the call thread that happened to start them (the
+start-up: ipam.batch.install `home`), not in those of the call thread that happened to start them (the
 agent's call threads enter their caller's namespace and directory: cni.agent.server enter_caller)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ipam import batch
+from ipam import batch, combiner
 from ipam.config import from_dict
 from ipam.model import Allocation
 from ipam.operation import Op
@@ -33,11 +33,11 @@ def home(tmp_path: Path) -> Iterator[Path]:
     agent_dir.mkdir()
     net = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     cwd = os.open(agent_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    batch.share(True, home=(net, cwd))
+    batch.install(home=(net, cwd))
     try:
         yield agent_dir
     finally:
-        batch.share(False)
+        batch.uninstall()
         os.close(net)
         os.close(cwd)
 
@@ -63,7 +63,7 @@ def test_a_batch_started_from_a_call_in_another_namespace_runs_in_the_agents(
             os.chdir(caller_dir)
             os.unshare(os.CLONE_NEWNET)  # a namespace of this thread alone, gone with it
             seen["caller"] = _netns()
-            batch.combiner(("store", "pool")).run([op], execute)
+            combiner.combiner(("store", "pool")).run([op], execute)
         except BaseException as e:  # reported to the test's thread
             seen["error"] = e
 

@@ -14,9 +14,10 @@ import pytest
 
 from cni import faults
 from cni.errors import CniError, Code
-from ipam import batch, operation
+from ipam import batch, combiner, operation
 from ipam.operation import Op
 from tests.unit.helpers import written
+from tests.unit.ipam.conftest import count_queued
 from tests.unit.ipam.test_agent_batches import POOL, Setup, owner
 from tests.waits import until
 
@@ -44,11 +45,11 @@ class Once:
 @pytest.fixture
 def agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The agent's combiners, a batch of one call each."""
-    batch.share(True)
-    monkeypatch.setattr(batch, "MAX_BATCH", 1)
+    batch.install()
+    monkeypatch.setattr(combiner, "MAX_BATCH", 1)
     yield
-    assert batch.settle_all(30)
-    batch.share(False)
+    assert combiner.settle_all(30)
+    batch.uninstall()
 
 
 def _outcome(call: Callable[[], Any]) -> Any:
@@ -71,18 +72,19 @@ def test_a_fault_in_the_batch_thread_answers_every_caller(
     s = Setup(tmp_path)
     once = Once(point)
     e = s.engine()
-    comb = batch.combiner((e.identity, POOL))
+    comb = combiner.combiner((e.identity, POOL))
     got_a: list[Any] = []
     a = _start(lambda: s.engine().add(owner(1))[0][1], got_a)
     # A's write is held at the gate; B and C queue behind its batch
     assert s.arrived.wait(30)
     monkeypatch.setattr(faults, "hook", once)
+    queued = count_queued()
     got_b: list[Any] = []
     got_c: list[Any] = []
     b = _start(lambda: s.engine().add(owner(2))[0][1], got_b)
-    until(lambda: comb.pending() == 1, "one call pending")
+    until(lambda: queued["combiner-queued"] == 1, "one call pending")
     c = _start(lambda: s.engine().add(owner(3))[0][1], got_c)
-    until(lambda: comb.pending() == 2, "two calls pending")
+    until(lambda: queued["combiner-queued"] == 2, "two calls pending")
     s.gate.set()
     for t in (a, b, c):
         t.join(60)
@@ -122,7 +124,7 @@ def test_a_thread_that_cannot_start_its_batch_fails_what_it_took(
 def test_a_caller_waits_with_a_bound(tmp_path: Path) -> None:
     """A batch under way that never ends (its execute held): a queued caller waits its budget, is
     withdrawn from the queue (never run later) and gets code 11; the held call finishes once released."""
-    comb = batch.Combiner()
+    comb = combiner.Combiner()
     s = Setup(tmp_path)
     rng = s.conf.ranges[0]
     reached, release, ran = threading.Event(), threading.Event(), []
@@ -139,10 +141,9 @@ def test_a_caller_waits_with_a_bound(tmp_path: Path) -> None:
     t.start()
     assert reached.wait(30)
     late = Op("add", rng, owner(2), True)
-    with pytest.raises(batch.Unanswered) as err:
+    with pytest.raises(operation.Unanswered) as err:
         comb.run([late], held, wait=0.05)  # the held batch cannot end before the test releases it
     assert err.value.code == Code.TRY_AGAIN_LATER and not err.value.held
-    assert comb.pending() == 0  # withdrawn
     release.set()
     t.join(30)
     assert first.state == operation.WRITTEN and ran == ["c1"]
