@@ -16,7 +16,8 @@ address, goes to the queue, and a batch writes it with the others. An op that fa
 logged as an error; its reservation stays (the address is held, never handed out twice).
 
 `install(home)`: the agent, once at start-up: every engine the IPAM plugin builds from then on runs its
-ops here (ipam.plugin), and the batch threads enter the agent's network namespace and directory."""
+ops here (ipam.plugin), the batch threads enter the agent's network namespace and directory, and waits on
+a shared pool's turn share one watch of it (ipam.store.turnwatch)."""
 
 from __future__ import annotations
 
@@ -60,17 +61,21 @@ def install(home: tuple[int, int] | None = None) -> None:
     """The agent's start-up: the IPAM plugin's engines run their ops here (ipam.plugin.EXECUTE), batch
     threads enter `home` (open descriptors of the agent's network namespace and working directory)."""
     from ipam import plugin
+    from ipam.store import kubeturn
 
     combiner.set_home(home)
+    kubeturn.share_watches(True, combiner.enter_home)
     plugin.EXECUTE = run
 
 
 def uninstall() -> None:
     """Back to plugin processes' execution (tests)."""
     from ipam import exec_plain, plugin
+    from ipam.store import kubeturn
 
     combiner.set_home(None)
     combiner.forget()
+    kubeturn.share_watches(False)
     plugin.EXECUTE = exec_plain.run
 
 

@@ -341,7 +341,7 @@ class Writer:
         last = held.last.done | held.last.rejected.keys()  # their writers have their verdict
         listed = self.o.intents(held.version)
         intents = [i for i in listed if i.name not in last]
-        leftover = [i for i in listed if i.name in last]  # their writers are gone (or late): deleted
+        leftover = [i for i in listed if i.name in last and i.age > STALE_SECONDS]  # their writers are gone
         batch = ([Intent(MINE, mine)] if mine is not None else []) + intents
         got = _Round(held.last.pool)
         try:
@@ -399,8 +399,8 @@ class Writer:
             log.info("turn: taken over meanwhile (this round's outcome unpublished)")
 
     def _sweep(self, stale: list[Intent]) -> None:
-        """Intents of writers that are gone: handled by the round before this one (a live writer deletes
-        its own at once: a late one finds it gone), or long ago and handled again by this one."""
+        """Intents of writers that are gone: handled by a round STALE_SECONDS ago or more (a live writer
+        deletes its own as soon as it learns its verdict)."""
         for intent in stale:
             try:
                 self.o.delete(intent.name)

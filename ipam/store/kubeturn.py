@@ -18,8 +18,10 @@ the requests that follow it."""
 
 from __future__ import annotations
 
+import functools
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from cni import jsonio
 from cni.errors import CniError, Code
@@ -33,6 +35,8 @@ from ipam.turn import TURN_SECONDS, Gone, Intent, Outcome, State, watch_states
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
     from typing import Any, Protocol
+
+    from ipam.store.turnwatch import TurnWatch
 
     class PoolStore(Protocol):
         """What the turn uses of the Kubernetes store (ipam.store.kube.KubeStore)."""
@@ -54,6 +58,20 @@ WRITER_NOTE = crd.WRITER_NOTE
 INTENT_OF = "pycni.io/intent-of"
 TURN_OF_POOL = crd.TURN_NOTE  # on the pool: it is shared (written through its turn)
 WATCH_SLACK = 5.0  # a watch read waits this much longer than the watch lasts
+
+
+class _Watches:
+    shared = False  # the agent: waits go through one shared watch per turn (ipam.store.turnwatch)
+
+
+def share_watches(enabled: bool = True, enter: Callable[[], None] | None = None) -> None:
+    """The agent, once at start-up: its waits on a turn share one watch of it (ipam.store.turnwatch),
+    whose threads run `enter` first (the agent's home). A plugin process never imports that module."""
+    _Watches.shared = enabled
+    if enabled or "ipam.store.turnwatch" in sys.modules:
+        from ipam.store import turnwatch
+
+        turnwatch.configure(enter)
 
 
 class Forbidden(StoreUnavailable):
@@ -123,14 +141,15 @@ class KubeTurn:
     # ---- requests -----------------------------------------------------------------------------
 
     def _call(self, verb: str, name: str = "", body: Any = None, query: dict[str, Any] | None = None,
-              content_type: str = "") -> dict[str, Any] | None:  # fmt: skip
-        """One request on a Lease; None for 404. Conflict for 409 and for a failed `test` (422)."""
+              content_type: str = "", client: Client | None = None) -> dict[str, Any] | None:  # fmt: skip
+        """One request on a Lease (on the store's client unless `client`); None for 404. Conflict for 409
+        and for a failed `test` (422)."""
         rbac.require(self.store.role, GROUP, LEASES, verb)
         method = {"get": "GET", "list": "GET", "create": "POST", "patch": "PATCH", "delete": "DELETE"}[verb]
         path = kubeapi.path_of(GROUP, VERSION, self.namespace, LEASES, "" if verb == "create" else name)
         what = f"{verb} leases/{name}" if name else f"{verb} leases"
         try:
-            return self.store.client.request(method, path, body, query, content_type)
+            return (client or self.store.client).request(method, path, body, query, content_type)
         except Busy as e:
             raise StoreBusy(f"kubernetes: {what}: {e}") from None
         except Unreachable as e:
@@ -151,8 +170,29 @@ class KubeTurn:
     # ---- the turn -----------------------------------------------------------------------------
 
     def turn(self) -> State | None:
-        obj = self._call("get", self.name)
+        shared = self._shared()
+        latest = shared.latest() if shared is not None else None
+        if latest is not None:
+            return latest
+        return self.read()
+
+    def read(self, client: Client | None = None) -> State | None:
+        """The turn as stored (None: not made yet), on the store's client unless `client`."""
+        obj = self._call("get", self.name, client=client)
         return None if obj is None else state_of(obj)
+
+    def _shared(self) -> TurnWatch | None:
+        """The agent's shared watch of this turn (None: a plugin process)."""
+        if not _Watches.shared:
+            return None
+        from ipam.store import turnwatch
+
+        def make(enter: Callable[[], None] | None) -> TurnWatch:  # its own client, for its own thread
+            client = Client(self.store.client.conf, (3.0, turnwatch.WATCH_SECONDS + WATCH_SLACK))
+            watch = functools.partial(self._watch, client)
+            return turnwatch.TurnWatch(functools.partial(self.read, client), watch, client, enter)
+
+        return turnwatch.shared((str(self.store.client.conf.server), self.namespace, self.name), make)
 
     def create(self) -> State:
         body = {
@@ -187,8 +227,15 @@ class KubeTurn:
         return None if obj is None else state_of(obj)
 
     def changes(self, since: str, seconds: float) -> Iterator[State]:
+        shared = self._shared()
+        got = shared.changes(since, seconds) if shared is not None else None
+        if got is not None:
+            return got
+        return self._watch(self.store.watcher(seconds + WATCH_SLACK), since, seconds)
+
+    def _watch(self, client: Client, since: str, seconds: float) -> Iterator[State]:
+        """A watch of the turn on `client`: its states after `since`, for `seconds` at most."""
         rbac.require(self.store.role, GROUP, LEASES, "watch")
-        client = self.store.watcher(seconds + WATCH_SLACK)
         path = kubeapi.path_of(GROUP, VERSION, self.namespace, LEASES)
         query = {"fieldSelector": f"metadata.name={self.name}", "resourceVersion": since,
                  "timeoutSeconds": max(1, int(seconds))}  # fmt: skip
