@@ -10,18 +10,25 @@ NODENAME = the node, the network's config on stdin. Range modes: `shared` (every
 198.18.0.0/20, no network_name: one IPPool for all), `per-network` (network i: 198.19.i.0/24) and
 `slices` (node slices, whereabouts' "fast IPAM": every network on 198.18.64.0/18 with `node_slice_size`
 "/23" and one `network_name`, so all networks share one NodeSlicePool and each node allocates from its
-own slice's IPPool, the node's pool for every network; 32 slices of 510 addresses). Then the DEL phase,
-same shape, for every attachment the ADD phase started.
+own slice's IPPool, the node's pool for every network; 32 slices of 510 addresses, or /24 slices when
+more than 32 nodes need one). Then the DEL phase, same shape, for every attachment the ADD phase started.
 
-Slices, for every implementation alike: the simulated nodes' Node objects and one
-NetworkAttachmentDefinition per network (its config as the calls get it) are created in the run's
-namespace, upstream's v0.9.4 node-slice-controller (../shared/upstream `unpack
+Layouts (--layouts 8x4,32x1,64x1, issue 44): the same run in several layouts of K nodes x C pods at once
+per node, one after another within each run (each layout: every implementation, every mode), each
+compared against the upstream of its own run and layout; per layout 2 pods for each of its K x C
+workers unless --pods fixes the count (tests/bench/ipam_layouts.py: why, the summaries and the guard's
+verdicts).
+
+Slices, with `--slices-by controller` (the default) for every implementation alike: the simulated
+nodes' Node objects and one NetworkAttachmentDefinition per network (its config as the calls get it) are
+created in the run's namespace, upstream's v0.9.4 node-slice-controller (../shared/upstream `unpack
 whereabouts-node-slice-controller`, admin kubeconfig, WHEREABOUTS_NAMESPACE = the run's namespace) is
 started before the ADD phase, which begins once the NodeSlicePool gives every simulated node a slice;
-the controller is stopped and the NADs deleted after the DEL phase (the NodeSlicePool and the empty
-pools remain). pycni would assign the slices itself without a controller (`--slices-by plugin`: pycni
-only, upstream's plugin needs the controller); the controller's own requests (its informers' LIST and
-WATCH, NodeSlicePool updates) fall in the phases' request deltas, a few per run.
+the controller is stopped, the NADs and the Node objects deleted after the DEL phase (the NodeSlicePool
+and the empty pools remain). pycni would assign the slices itself without a controller (`--slices-by
+plugin`: pycni only, upstream's plugin needs the controller; `--slices-by own`: upstream through the
+controller, pycni by the plugin, in the same runs); the controller's own requests (its informers' LIST
+and WATCH, NodeSlicePool updates) fall in the phases' request deltas, a few per run.
 
 Implementations, each in a fresh namespace (kubeup.Tenant) per range mode on the same server:
 - upstream: the real binary (../shared/upstream `unpack whereabouts`), its flat file and inline-token
@@ -33,15 +40,17 @@ Implementations, each in a fresh namespace (kubeup.Tenant) per range mode on the
   PYCNI_AGENT_FIFO set; the agents' logs must show they served every call (fallbacks are counted).
 
 Per implementation, mode and phase: wall time, attachments/s, p50/p99 per call and per pod, API requests
-per attachment split by verb/resource with 409/422 (deltas of apiserver_request_total), API-server CPU
+per attachment split by verb/resource with 409/422 (deltas of apiserver_request_total), answers 504
+(see answers_504: those of the server's timeout filter are recorded as 500 there), API-server CPU
 seconds, where the machine's CPU went (the API server, its etcd, the plugin processes of the calls, the
 agents, this harness: /proc and getrusage deltas; the phase's budget is CPUs x wall), failures (count,
 distinct messages), speed against upstream, and a check of the objects (after
 ADD: no address in two pool entries across the namespace's pools, every entry has its reservation and
 vice versa, one entry per successful attachment holding the address the call returned; slices: every
 simulated node has its own slice in the NodeSlicePool and each entry is in the pool of its node's
-slice; after DEL: pools empty, no reservations). Then "one uncontended ADD" (and DEL): a process per
-call, median of --single.
+slice; after DEL: pools empty, no reservations). With agents, their start-up time and memory (PSS) idle
+and after each phase. Then "one uncontended ADD" (and DEL): a process per call, median of --single (in
+the first layout of the first run).
 
 The request deltas are server-wide: the kube-apiserver's own requests (its identity Lease, a PUT every
 10 s; its informers' WATCH restarts) are in them too, a few per minute; the details line leaves out
@@ -51,8 +60,9 @@ Every phase has a time budget (--budget; attachments not started by then are rep
 every call a timeout. Everything written goes into a temp dir that is removed, except the JSON result.
 
     python -m tests.bench.ipam_scale [--pods 64 --networks 8 --nodes 8 --concurrency 4]
+        [--layouts 8x4,32x1,64x1 [--pods-per-slot 2]] [--repeat N]
         [--mode shared|per-network|slices|both|all] [--impl upstream|pycni|pycni+agent ...]
-        [--scenario 313] [--slices-by controller|plugin] [--source] [--budget S] [--json PATH]
+        [--scenario 313] [--slices-by controller|plugin|own] [--source] [--budget S] [--json PATH]
     (both: shared and per-network; all: shared, per-network and slices; root for the agents; `make
     bundle` first)"""
 
@@ -74,12 +84,14 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tests import agentutil, kubeup
+from tests.bench import ipam_layouts
 from tests.bench.ipam import pct
+from tests.bench.ipam_layouts import DUPLICATE, NOT_DELETED, Layout
 from tests.kubeapi import wbupstream
 from tests.nsutil import REPO
 
@@ -128,6 +140,11 @@ class Workload:
     call_timeout: float = CALL_TIMEOUT
     slice_controller: bool = True  # mode slices: upstream's node-slice-controller assigns (else the plugin)
     full: bool = False  # mode shared: a range whose range_end leaves exactly `attachments` addresses
+    slice_size: str = SLICE_SIZE  # mode slices: the node_slice_size of every network
+
+    @property
+    def layout(self) -> str:
+        return Layout(self.nodes, self.concurrency).label
 
     def node(self, pod: int) -> str:
         return f"node-{pod % self.nodes}"
@@ -143,15 +160,33 @@ class Workload:
         """A full pool's last address ("" otherwise): the pool holds exactly `attachments` addresses."""
         return full_range(self.attachments)[1] if self.mode == "shared" and self.full else ""
 
+    @property
+    def per_node(self) -> int:
+        """The most attachments one node makes."""
+        return -(-self.pods // self.nodes) * self.networks
+
     def slices_fit(self) -> str:
         """Why mode slices cannot hold this workload ("" when it can)."""
         net = ipaddress.ip_network(SLICES_RANGE)
-        size = int(SLICE_SIZE.lstrip("/"))
+        size = int(self.slice_size.lstrip("/"))
         slices, per_slice = 2 ** (size - net.prefixlen), 2 ** (32 - size) - 2
-        per_node = -(-self.pods // self.nodes) * self.networks
-        if self.nodes > slices or per_node > per_slice:
-            return (f"mode slices: {SLICES_RANGE} in {SLICE_SIZE} slices is {slices} slices of {per_slice} "
-                    f"addresses; {self.nodes} nodes with up to {per_node} attachments each do not fit")
+        if self.nodes > slices or self.per_node > per_slice:
+            return (f"mode slices: {SLICES_RANGE} in {self.slice_size} slices is {slices} slices of "
+                    f"{per_slice} addresses; {self.nodes} nodes with up to {self.per_node} attachments "
+                    "each do not fit")
+        return ""
+
+    def unfit(self) -> str:
+        """Why the range of this workload's mode cannot hold its attachments ("" when it can)."""
+        if self.mode == "slices":
+            return self.slices_fit()
+        if self.mode == "per-network":
+            if self.networks > 255 or self.pods > 254:
+                return (f"mode per-network: 198.19.<network>.0/24 holds 254 pods on up to 255 networks, "
+                        f"not {self.pods} pods on {self.networks}")
+            return ""
+        if not self.full and self.attachments > ipaddress.ip_network(SHARED_RANGE).num_addresses - 2:
+            return f"mode shared: {SHARED_RANGE} does not hold {self.attachments} attachments"
         return ""
 
     @property
@@ -231,16 +266,29 @@ class Impl:
         """Long-lived processes of the implementation on the nodes (pycni's agents); none by default."""
         return []
 
+    def helper_pss_mib(self) -> float | None:
+        """The memory of helper_pids (proportional set size, MiB, summed); None without any."""
+        pids = self.helper_pids()
+        return round(sum(pss_mib(pid) for pid in pids), 1) if pids else None
 
     def close(self) -> None:
         pass
+
+
+def pss_mib(pid: int) -> float:
+    """Process `pid`'s proportional set size in MiB (its share of the pages it shares; 0 once gone)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0.0
+    return sum(int(line.split()[1]) for line in text.splitlines() if line.startswith("Pss:")) / 1024
 
 
 def network_config(impl: Impl, wl: Workload, net: int) -> bytes:
     conf: dict[str, Any] = {"cniVersion": "1.0.0", "name": f"bench-net{net}", "type": "macvlan",
             "ipam": impl.ipam(wl.range(net))}
     if wl.mode == "slices":
-        conf["ipam"].update(node_slice_size=SLICE_SIZE, network_name=SLICES_NETWORK)
+        conf["ipam"].update(node_slice_size=wl.slice_size, network_name=SLICES_NETWORK)
     if wl.range_end():
         conf["ipam"]["range_end"] = wl.range_end()
     return json.dumps(conf).encode()
@@ -363,11 +411,11 @@ def check_after_add(tenant: kubeup.Tenant, calls: list[Call], pods: dict[int, Po
     seen: dict[str, str] = {}
     for pool, ip, _ in entries:
         if ip in seen:
-            problems.append(f"{ip} held twice ({seen[ip]}, {pool})")
+            problems.append(f"{DUPLICATE}{ip} held twice ({seen[ip]}, {pool})")
         seen[ip] = pool
     ok = [c for c in calls if c.ok]
     returned = Counter(c.ip for c in ok)
-    problems += [f"{ip} returned to {n} attachments" for ip, n in returned.items() if n > 1]
+    problems += [f"{DUPLICATE}{ip} returned to {n} attachments" for ip, n in returned.items() if n > 1]
     if len(entries) != len(ok):
         problems.append(f"{len(entries)} pool entries for {len(ok)} successful attachments")
     by_owner = {(e.get("id"), e.get("ifname")): ip for _, ip, e in entries}
@@ -479,15 +527,26 @@ class PhaseReport:
     left: int | None = None  # DEL: pool entries and reservations left once the objects settled
     agent_ms: tuple[float, float] | None = None  # pycni+agent: p50/p99 of the calls as the agents timed them
     run: int = 0  # which run of --repeat: compared against that run's upstream
+    layout: str = ""  # NODESxPODS (pods at once per node): compared against that layout's upstream
+    # answers 504 (see answers_504): the handlers' own, and those of the server's timeout filter
+    api_504: float = 0.0
+    api_504_cut: float = 0.0
+    duplicates: int = 0  # problems of the check after ADD that are an address held or returned twice
+    agents_pss_mib: float | None = None  # the agents' memory (proportional set size) after the phase
 
 
-Measured = tuple[dict[tuple[str, str, str], float], float, dict[tuple[str, str], float], dict[str, float]]
+class Measured(NamedTuple):
+    requests: dict[tuple[str, ...], float]  # API requests by verb, resource and code
+    api_cpu: float  # the API server's CPU seconds
+    storage: dict[tuple[str, ...], float]  # its etcd requests by operation and resource
+    cpu: dict[str, float]  # CPU seconds by whom
+    terminations: dict[tuple[str, ...], float]  # requests the server answered itself (504, 429)
 
 
 def measure(server: kubeup.KubeServer, impl: Impl) -> Measured:
-    """(API requests by verb, resource and code; the server's CPU seconds; its etcd requests; CPU
-    seconds so far by whom: the API server, its etcd, the plugin processes (this process' waited-for
-    children: every call's process, shim or plugin), the implementation's agents, this harness)."""
+    """The server's counters (one /metrics page) and CPU seconds so far by whom: the API server, its
+    etcd, the plugin processes (this process' waited-for children: every call's process, shim or
+    plugin), the implementation's agents, this harness."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     own = resource.getrusage(resource.RUSAGE_SELF)
     api = server.cpu_seconds()
@@ -495,14 +554,32 @@ def measure(server: kubeup.KubeServer, impl: Impl) -> Measured:
            "plugin processes": children.ru_utime + children.ru_stime,
            "agents": sum(kubeup.process_cpu_seconds(pid) for pid in impl.helper_pids()),
            "harness": own.ru_utime + own.ru_stime}  # fmt: skip
-    return server.request_counts(), api, server.storage_counts(), cpu
+    text = server.metrics()
+    return Measured(server.request_counts(text), api, server.storage_counts(text), cpu,
+                    server.termination_counts(text))
+
+
+def answers_504(before: Measured, after: Measured) -> tuple[float, float]:
+    """Resource requests answered 504 between the two: (those a handler answered itself, counted in
+    apiserver_request_total: a storage timeout, a resourceVersion the cache does not reach; those the
+    server's timeout filter answered, apiserver_request_terminations_total). The handler behind the
+    filter's answer goes on and records a code of its own in apiserver_request_total, mostly 500 and
+    sometimes 504 (measured: 20 pool PATCHes past their deadline, 19 recorded as 500, 1 as 504): so the
+    first count alone misses most of them, and the sum may count one twice. It is 0 only when no request
+    was answered 504."""
+
+    def delta(now: dict[tuple[str, ...], float], then: dict[tuple[str, ...], float]) -> float:
+        return sum(v - then.get(k, 0.0) for k, v in now.items() if k[1] and k[2] == "504")
+
+    return delta(after.requests, before.requests), delta(after.terminations, before.terminations)
 
 
 def report(impl: Impl, wl: Workload, phase: str, calls: list[Call], wall: float, planned: int,
            before: Measured, after: Measured, problems: list[str], served: int | None) -> PhaseReport:
-    delta = {k: v - before[0].get(k, 0.0) for k, v in after[0].items() if v - before[0].get(k, 0.0) > 0}
-    storage = {f"{op} {res}": v - before[2].get((op, res), 0.0) for (op, res), v in after[2].items()
-               if res == "ippools" and v - before[2].get((op, res), 0.0) > 0}  # fmt: skip
+    delta = {k: v - before.requests.get(k, 0.0) for k, v in after.requests.items()
+             if v - before.requests.get(k, 0.0) > 0}
+    storage = {f"{op} {res}": v - before.storage.get((op, res), 0.0) for (op, res), v in after.storage.items()
+               if res == "ippools" and v - before.storage.get((op, res), 0.0) > 0}  # fmt: skip
     resource = {k: v for k, v in delta.items() if k[1]}
     split: dict[str, float] = {}
     for (verb, res, code), v in resource.items():
@@ -517,6 +594,7 @@ def report(impl: Impl, wl: Workload, phase: str, calls: list[Call], wall: float,
     full = [max(c.end for c in cs) - min(c.start for c in cs)
             for cs in per_pod.values() if len(cs) == wl.networks] or [0.0]
     failures = Counter(c.error for c in calls if not c.ok)
+    handler_504, cut_504 = answers_504(before, after)
     return PhaseReport(
         impl.label, wl.mode, phase, planned, len(ok), len(calls), wall, len(ok) / wall if wall else 0.0,
         1000 * pct(secs, 50), 1000 * pct(secs, 99), 1000 * pct(full, 50), 1000 * pct(full, 99),
@@ -524,9 +602,12 @@ def report(impl: Impl, wl: Workload, phase: str, calls: list[Call], wall: float,
         sum(v for k, v in resource.items() if k[2] == "409"),
         sum(v for k, v in resource.items() if k[2] == "422"),
         sum(v for k, v in resource.items() if k[2] >= "400" and k[2] not in ("409", "422", "404")),
-        dict(sorted(split.items(), key=lambda kv: -kv[1])), after[1] - before[1],
+        dict(sorted(split.items(), key=lambda kv: -kv[1])), after.api_cpu - before.api_cpu,
         sum(failures.values()), dict(failures.most_common(10)), served, problems, os.getloadavg(), storage,
-        {k: round(v - before[3].get(k, 0.0), 2) for k, v in after[3].items()},
+        {k: round(v - before.cpu.get(k, 0.0), 2) for k, v in after.cpu.items()},
+        layout=wl.layout, api_504=handler_504, api_504_cut=cut_504,
+        duplicates=sum(p.startswith(DUPLICATE) for p in problems),
+        agents_pss_mib=impl.helper_pss_mib(),
     )
 
 
@@ -573,10 +654,13 @@ class SliceController:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
-        for name in self.nads:
+        paths = [self.tenant.path("network-attachment-definitions", name, group="k8s.cni.cncf.io",
+                                  version="v1") for name in self.nads]
+        # and the Node objects: the next controller (another layout, fewer nodes) slices only its own
+        paths += [f"/api/v1/nodes/node-{k}" for k in range(self.wl.nodes)]
+        for path in paths:
             try:
-                self.tenant.server.request("DELETE", self.tenant.path(
-                    "network-attachment-definitions", name, group="k8s.cni.cncf.io", version="v1"))
+                self.tenant.server.request("DELETE", path)
             except kubeup.ApiFailure as e:
                 if e.status != 404:
                     raise
@@ -634,7 +718,7 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
     problems = check_after_del(tenant)
     left = len(problems)
     if len(dels) < len(adds):
-        problems.append(f"{len(adds) - len(dels)} attachments not deleted within the budget")
+        problems.append(f"{len(adds) - len(dels)}{NOT_DELETED}")
     out.append(report(impl, wl, "DEL", dels, wall, len(adds), before, after, problems,
                       served2["DEL"] - served["DEL"] if served2 else None))
     out[-1].left = left
@@ -725,10 +809,12 @@ class Pycni(Impl):
         self.agent_timeout = agent_timeout  # the shims' PYCNI_AGENT_TIMEOUT (None: the default)
         self.label = label or ("pycni+agent" if agents else "pycni")
         self.agents: dict[str, agentutil.Agent] = {}
+        self.agents_start_s = 0.0  # how long starting them took, one after another
         if agents:
             assert scratch is not None
             where = scratch / "agents"
             where.mkdir(parents=True, exist_ok=True)
+            start = time.monotonic()
             with plugin_dir(bundle):
                 try:
                     for k in range(agents):
@@ -738,6 +824,7 @@ class Pycni(Impl):
                 except BaseException:
                     self.close()
                     raise
+            self.agents_start_s = time.monotonic() - start
 
     def setup(self, tenant: kubeup.Tenant, scratch: Path) -> None:
         super().setup(tenant, scratch)
@@ -834,47 +921,38 @@ def uncontended(impl: Impl, tenant: kubeup.Tenant, scratch: Path, runs: int, pre
 
 
 def table(reports: list[PhaseReport]) -> str:
-    base = {(r.run, r.mode, r.phase): r for r in reports if r.impl == "upstream"}
-    rows = ["| impl | mode | phase | done/planned | wall s | att/s | vs upstream | call p50/p99 ms "
-            "| pod p50/p99 ms | API req/att | 409 | 422 | API CPU s | failures | agent served "
-            "| left after DEL | check |",
-            "|" + "---|" * 17]
+    base = {(r.run, r.layout, r.mode, r.phase): r for r in reports if r.impl == "upstream"}
+    rows = ["| run | layout | impl | mode | phase | done/planned | wall s | att/s | vs upstream "
+            "| call p50/p99 ms | pod p50/p99 ms | API req/att | 409 | 422 | 504 | API CPU s | failures "
+            "| agent served | left after DEL | check |",
+            "|" + "---|" * 20]
     for r in reports:
-        up = base.get((r.run, r.mode, r.phase))
+        up = base.get((r.run, r.layout, r.mode, r.phase))
+        cut = r.api_504 + r.api_504_cut
         ratio = f"{r.per_s / up.per_s:.2f}x" if up and up.per_s and r.impl != "upstream" else "-"
         check = "ok" if not r.problems else f"{len(r.problems)} PROBLEMS"
         served = "-" if r.agent_served is None else f"{r.agent_served}/{r.attempted}"
         pods = f"{r.pod_p50_ms:.0f}/{r.pod_p99_ms:.0f}" if r.pod_p99_ms else "- (no pod finished)"
         left = "-" if r.left is None else str(r.left)
         rows.append(
-            f"| {r.impl} | {r.mode} | {r.phase} | {r.done}/{r.attachments} | {r.wall_s:.1f} | {r.per_s:.1f} "
-            f"| {ratio} | {r.call_p50_ms:.0f}/{r.call_p99_ms:.0f} | {pods} "
-            f"| {r.api_per_attachment:.1f} | {r.api_409:.0f} | {r.api_422:.0f} | {r.api_cpu_s:.1f} "
-            f"| {r.failures} | {served} | {left} | {check} |")
+            f"| {r.run + 1} | {r.layout} | {r.impl} | {r.mode} | {r.phase} | {r.done}/{r.attachments} "
+            f"| {r.wall_s:.1f} | {r.per_s:.1f} | {ratio} | {r.call_p50_ms:.0f}/{r.call_p99_ms:.0f} | {pods} "
+            f"| {r.api_per_attachment:.1f} | {r.api_409:.0f} | {r.api_422:.0f} | {cut:g} "
+            f"| {r.api_cpu_s:.1f} | {r.failures} | {served} | {left} | {check} |")
     return "\n".join(rows)
 
 
 def medians(reports: list[PhaseReport]) -> str:
     """--repeat: per implementation, mode and phase, the median over the runs of its speed against the
     same run's upstream, and of its wall time (a figure that decides a design is a median of three)."""
-    base = {(r.run, r.mode, r.phase): r for r in reports if r.impl == "upstream"}
-    ratios: dict[tuple[str, str, str], list[float]] = {}
-    walls: dict[tuple[str, str, str], list[float]] = {}
-    for r in reports:
-        key = (r.impl, r.mode, r.phase)
-        walls.setdefault(key, []).append(r.wall_s)
-        up = base.get((r.run, r.mode, r.phase))
-        if up and up.per_s and r.impl != "upstream":
-            ratios.setdefault(key, []).append(r.per_s / up.per_s)
-    rows = ["| impl | mode | phase | runs | median wall s | median vs upstream | each run vs upstream |",
-            "|---|---|---|---|---|---|---|"]
-    for key, ws in walls.items():
-        rs = ratios.get(key, [])
-        each = ", ".join(f"{x:.2f}x" for x in rs) or "-"
-        med = f"{statistics.median(rs):.2f}x" if rs else "-"
-        wall = statistics.median(ws)
-        rows.append(f"| {key[0]} | {key[1]} | {key[2]} | {len(ws)} | {wall:.1f} | {med} | {each} |")
-    return "\n".join(rows)
+    lines = ["| impl | mode | phase | runs | median wall s | median vs upstream | each run vs upstream |",
+             "|---|---|---|---|---|---|---|"]
+    for row in ipam_layouts.rows(reports):
+        each = ", ".join(f"{x:.2f}x" for x in row.speed) or "-"
+        med = "-" if row.median_speed is None else f"{row.median_speed:.2f}x"
+        lines.append(f"| {row.impl} | {row.mode} | {row.phase} | {len(row.runs)} | {row.median_wall:.1f} "
+                     f"| {med} | {each} |")
+    return "\n".join(lines)
 
 
 def details(reports: list[PhaseReport]) -> str:
@@ -884,9 +962,17 @@ def details(reports: list[PhaseReport]) -> str:
         # informers' WATCH restarts) stay in the JSON but out of this line
         per = ", ".join(f"{k} {v / max(1, r.attempted):.2f}" for k, v in r.api_split.items()
                         if v / max(1, r.attempted) >= 0.01)
-        lines.append(f"- {r.impl} {r.mode} {r.phase} (load {r.load_avg[0]:.1f}): API per attachment: {per}")
+        run = f" run {r.run + 1}" if any(x.run for x in reports) else ""
+        lines.append(f"- {r.impl} {r.layout} {r.mode} {r.phase}{run} (load {r.load_avg[0]:.1f}): API per "
+                     f"attachment: {per}")
+        if r.api_504 or r.api_504_cut:
+            lines.append(f"  - ANSWERS 504: {r.api_504:g} by the handlers, {r.api_504_cut:g} by the server's "
+                         "timeout filter")
         if r.agent_ms is not None:
             lines.append(f"  - inside the agents: call p50/p99 {r.agent_ms[0]:.0f}/{r.agent_ms[1]:.0f} ms")
+        if r.agents_pss_mib is not None:
+            lines.append(f"  - the agents' memory after the phase: {r.agents_pss_mib:.0f} MiB (PSS, all "
+                         "nodes)")
         writes = sum(v for k, v in r.api_split.items() if k.split()[0] in ("PATCH", "PUT", "POST")
                      and k.split()[1] == "ippools")  # fmt: skip
         if writes and r.etcd_split:
@@ -915,45 +1001,127 @@ def single_table(singles: dict[str, dict[str, Any]]) -> str:
 
 
 def run_modes(
-    impl: Impl, args: argparse.Namespace, modes: list[str], budget: float, server: kubeup.KubeServer,
-    where: Path, prefix: str, tag: str, slice_notes: dict[str, dict[str, Any]],
+    impl: Impl, base: Workload, modes: list[str], slices_by: str, server: kubeup.KubeServer, where: Path,
+    prefix: str, tag: str, slice_notes: dict[str, dict[str, Any]],
 ) -> list[PhaseReport]:  # fmt: skip
-    """One implementation's workload in every range mode, each in a fresh namespace."""
+    """One implementation's workload (`base`, in each range mode) in every mode, each in a fresh
+    namespace. Mode slices: upstream's node-slice-controller assigns the slices when `slices_by` is
+    "controller", or "own" and the implementation is upstream; else the plugin does."""
     reports: list[PhaseReport] = []
     for mode in modes:
-        wl = Workload(args.pods, args.networks, args.nodes, args.concurrency, mode, budget,
-                      slice_controller=args.slices_by == "controller", full=args.full_pool)
+        controller = slices_by == "controller" or (slices_by == "own" and impl.label == "upstream")
+        wl = replace(base, mode=mode, slice_controller=controller)
         tenant = kubeup.Tenant(server, where / mode / "kube", prefix="scale")
-        print(f"  {impl.label} {mode} in namespace {tenant.namespace}{tag} ...", flush=True)
+        print(f"  {impl.label} {wl.layout} {mode} in namespace {tenant.namespace}{tag} ...", flush=True)
         notes: dict[str, Any] = {}
         prefix_mode = f"{prefix}{modes.index(mode):x}"
         rs = run_workload(impl, wl, tenant, where / mode, prefix=prefix_mode, notes=notes)
         if mode == "slices":
-            slice_notes[impl.label] = {**notes, "assignments": slice_assignments(tenant)}
+            by = "controller" if controller else "plugin"
+            slice_notes[f"{impl.label} {wl.layout}"] = {**notes, "assigned_by": by,
+                                                        "assignments": slice_assignments(tenant)}
             if "slices_assigned_s" in notes:
                 print(f"    the node-slice-controller gave every node a slice in "
                       f"{notes['slices_assigned_s']:.1f} s", flush=True)
         reports += rs
         for r in rs:
-            print(f"    {r.phase}: {r.done}/{r.attachments} in {r.wall_s:.1f} s, {r.failures} failed, "
+            cut = f", {r.api_504 + r.api_504_cut:g} ANSWERS 504" if r.api_504 or r.api_504_cut else ""
+            print(f"    {r.phase}: {r.done}/{r.attachments} in {r.wall_s:.1f} s, {r.failures} failed{cut}, "
                   f"check {'ok' if not r.problems else r.problems[:3]}", flush=True)
     return reports
 
 
-def _agents(label: str) -> bool:
-    return label.endswith(("+agent", EARLY))
+def workloads(args: argparse.Namespace, modes: list[str], budget: float) -> list[Workload] | str:
+    """The workload of every layout (--layouts, else --nodes x --concurrency), or why they cannot run.
+    Mode slices: one slice size for all, the harness's /23 unless the most nodes need smaller slices."""
+    if args.layouts:
+        try:
+            layouts = ipam_layouts.parse_layouts(args.layouts)
+        except ValueError as e:
+            return str(e)
+    else:
+        layouts = [Layout(args.nodes, args.concurrency)]
+    pods = args.pods if args.pods is not None or args.layouts else 64
+    out = [Workload(ipam_layouts.pods_for(lay, pods, args.pods_per_slot), args.networks, lay.nodes,
+                    lay.concurrency, modes[0], budget, full=args.full_pool) for lay in layouts]  # fmt: skip
+    if "slices" in modes:
+        size = ipam_layouts.slice_size(SLICES_RANGE, SLICE_SIZE, max(wl.nodes for wl in out),
+                                       max(wl.per_node for wl in out))  # fmt: skip
+        out = [replace(wl, slice_size=size or SLICE_SIZE) for wl in out]
+    for wl in out:
+        for mode in modes:
+            why = replace(wl, mode=mode).unfit()
+            if why:
+                return f"layout {wl.layout}, {wl.pods} pods: {why}" if args.layouts else why
+    return out
+
+
+def layouts_report(reports: list[PhaseReport], wls: list[Workload]) -> dict[str, Any]:
+    """--layouts: print a table per layout, the summary against the number of nodes and the guard's
+    verdicts; return them for the JSON result."""
+    layouts = [Layout(wl.nodes, wl.concurrency) for wl in wls]
+    rows = ipam_layouts.rows(reports)
+    verdicts = ipam_layouts.verdicts(rows, [lay.label for lay in layouts])
+    met = ipam_layouts.guard_met(verdicts)
+    runs = max(r.run for r in reports) + 1
+    for lay, wl in zip(layouts, wls, strict=True):
+        print(f"\n### {lay.nodes} nodes x {lay.concurrency} pod{'s' * (lay.concurrency > 1)} at once "
+              f"({lay.in_flight} in flight): "
+              f"{wl.pods} pods x {wl.networks} networks = {wl.attachments} attachments\n")
+        print(ipam_layouts.layout_table(rows, lay.label))
+    print(f"\n## Against the number of nodes: median of {runs} run{'s' * (runs > 1)}\n")
+    print("Each implementation's median wall s / median API server CPU ms per attachment, ADD and DEL; "
+          "speed against upstream: each run against its own run's upstream, their median.\n")
+    print(ipam_layouts.summary_table(rows, verdicts, layouts))
+    print("\n## The guard (issue 44), from the medians\n")
+    print(ipam_layouts.verdict_table(verdicts))
+    failed = sum(v.counts and not v.ok for v in verdicts)
+    print(f"\nguard: {'MET' if met else 'NOT MET'} ({failed} of {sum(v.counts for v in verdicts)} checks "
+          "not met)")
+    shapes = [{"layout": wl.layout, "nodes": wl.nodes, "concurrency": wl.concurrency, "pods": wl.pods,
+               "attachments": wl.attachments} for wl in wls]
+    return {"layouts": shapes, "summary": [row.as_dict() for row in rows],
+            "verdicts": [asdict(v) for v in verdicts], "guard_met": met}
+
+
+def make_impl(label: str, wl: Workload, bundle: Path | None, where: Path) -> Impl:
+    """upstream, or pycni (from `bundle`, or from source) with an agent per node of `wl` when the label
+    says the calls go through agents."""
+    if label == "upstream":
+        return Upstream()
+    nodes = wl.nodes if ipam_layouts.through_agent(label) else 0
+    return Pycni(bundle, nodes, where, label=label, early=label == EARLY)
+
+
+def agents_started(impl: Pycni, run: int, wl: Workload) -> dict[str, Any]:
+    """What starting an implementation's agents cost (printed, and for the JSON result)."""
+    pss = impl.helper_pss_mib() or 0.0
+    print(f"  {impl.label} {wl.layout}: {len(impl.agents)} agents started one after another in "
+          f"{impl.agents_start_s:.1f} s, {pss:.0f} MiB (PSS) idle", flush=True)
+    return {"run": run, "layout": wl.layout, "impl": impl.label, "agents": len(impl.agents),
+            "start_s": round(impl.agents_start_s, 2), "pss_mib": pss}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pods", type=int, default=64)
+    ap.add_argument("--pods", type=int, help="pods (default 64; with --layouts: --pods-per-slot pods for "
+                                             "each of a layout's workers, unless --pods fixes one count)")
     ap.add_argument("--networks", type=int, default=8)
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=4, help="pods a node starts at once")
+    ap.add_argument("--layouts", metavar="KxC[,KxC...]",
+                    help="several layouts in one invocation, each K nodes x C pods at once per node (e.g. "
+                         "8x4,32x1,64x1; instead of --nodes and --concurrency): a table per layout, a "
+                         "summary against the number of nodes and the guard's verdicts (issue 44)")
+    ap.add_argument("--pods-per-slot", type=int, default=ipam_layouts.PODS_PER_SLOT,
+                    help="with --layouts and no --pods: the pods each of a layout's K x C workers runs one "
+                         "after another (default 2: 64 pods at 8x4 and 32x1, 128 at 64x1)")
     ap.add_argument("--mode", choices=("shared", "per-network", "slices", "both", "all"), default="both",
                     help="both: shared and per-network; all: shared, per-network and slices")
-    ap.add_argument("--slices-by", choices=("controller", "plugin"), default="controller",
-                    help="mode slices: who assigns the slices (plugin: pycni only, no controller)")
+    ap.add_argument("--slices-by", choices=("controller", "plugin", "own"), default="controller",
+                    help="mode slices: who assigns the slices (controller: upstream's node-slice-controller "
+                         "for every implementation; plugin: pycni only, no controller; own: each its own "
+                         "way, upstream through the controller, pycni by the plugin)")
     ap.add_argument("--impl", action="append", choices=("upstream", "pycni", "pycni+agent", EARLY),
                     help=f"default: the first three; {EARLY}: the agent with answer_before_write (its "
                          "phases last until the stored objects agree with the answers)")
@@ -975,6 +1143,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario == "313":
         args.pods, args.networks = 128, 16
     if args.scenario == "full1000":
+        if args.layouts:
+            ap.error("--scenario full1000 is its own layout (16 nodes x 8): not with --layouts")
         args.pods, args.networks, args.nodes, args.concurrency, args.full_pool = 1000, 1, 16, 8, True
         args.mode = "shared" if args.mode == "both" else args.mode
     budget = args.budget or (240.0 if args.scenario == "313" else 600.0)
@@ -991,69 +1161,81 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         print(reason, file=sys.stderr)
         return 2
-    if "slices" in modes:
-        unfit = Workload(args.pods, args.networks, args.nodes, args.concurrency, "slices").slices_fit()
-        if unfit:
-            print(unfit, file=sys.stderr)
-            return 2
-        if args.slices_by == "plugin" and "upstream" in impls:
-            print("--slices-by plugin: upstream's plugin cannot assign slices (pass --impl pycni ...)",
-                  file=sys.stderr)
-            return 2
+    wls = workloads(args, modes, budget)
+    if isinstance(wls, str):
+        print(wls, file=sys.stderr)
+        return 2
+    if "slices" in modes and args.slices_by == "plugin" and "upstream" in impls:
+        print("--slices-by plugin: upstream's plugin cannot assign slices (pass --impl pycni ..., or "
+              "--slices-by own)", file=sys.stderr)
+        return 2
     bundle = None if args.source else BUNDLE
     if bundle is not None and not (bundle / "whereabouts").exists():
         print(f"missing {bundle}/whereabouts: run `make bundle` (or pass --source)", file=sys.stderr)
         return 2
-    if any(_agents(label) for label in impls) and os.geteuid() != 0:
+    if any(ipam_layouts.through_agent(label) for label in impls) and os.geteuid() != 0:
         print("pycni+agent needs root (the agent serves root only)", file=sys.stderr)
         return 2
     before_paths = {p for p in DEFAULT_PATHS if os.path.lexists(p)}
     load0 = os.getloadavg()
+    shape = ", ".join(f"{wl.pods} pods on {wl.nodes} nodes, {wl.concurrency} at once" for wl in wls)
     print(f"{os.cpu_count()} CPUs, load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
-          f"{args.pods} pods x {args.networks} networks on {args.nodes} nodes, {args.concurrency} at once; "
-          f"budget {budget:.0f} s per phase; pycni {'from source' if bundle is None else bundle}")
+          f"{args.networks} networks per pod; {shape}; budget {budget:.0f} s per phase; pycni "
+          f"{'from source' if bundle is None else bundle}")
     reports: list[PhaseReport] = []
     singles: dict[str, dict[str, Any]] = {}
     slice_notes: dict[str, dict[str, Any]] = {}
+    agents: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pycni-ipam-scale-") as tmp:
         scratch = Path(tmp)
         server = kubeup.KubeServer.start(scratch)
         try:
             for run in range(args.repeat):
-                for n, label in enumerate(impls):
-                    where = scratch / f"run{run}" / label
-                    impl: Impl = Upstream() if label == "upstream" else Pycni(
-                        others.get(label, bundle), args.nodes if _agents(label) else 0, where,
-                        label=label, early=label == EARLY)
-                    try:
-                        tag = f" (run {run + 1} of {args.repeat})" if args.repeat > 1 else ""
-                        done = run_modes(impl, args, modes, budget, server, where, f"{run:x}{n:x}", tag,
-                                         slice_notes)  # fmt: skip
-                        for r in done:
-                            r.run = run
-                        reports += done
-                        if args.single and run == 0:
-                            tenant = kubeup.Tenant(server, where / "single" / "kube", prefix="single")
-                            at = where / "single"
-                            singles[label] = uncontended(impl, tenant, at, args.single, f"{n:x}f")
-                    finally:
-                        impl.close()
+                for li, wl in enumerate(wls):
+                    for n, label in enumerate(impls):
+                        where = scratch / f"run{run}" / wl.layout / label
+                        impl = make_impl(label, wl, others.get(label, bundle), where)
+                        try:
+                            if isinstance(impl, Pycni) and impl.agents:
+                                agents.append(agents_started(impl, run, wl))
+                            tag = f" (run {run + 1} of {args.repeat})" if args.repeat > 1 else ""
+                            done = run_modes(impl, wl, modes, args.slices_by, server, where,
+                                             f"{run:x}{li:x}{n:x}", tag, slice_notes)  # fmt: skip
+                            for r in done:
+                                r.run = run
+                            reports += done
+                            if args.single and run == 0 and li == 0:
+                                tenant = kubeup.Tenant(server, where / "single" / "kube", prefix="single")
+                                at = where / "single"
+                                singles[label] = uncontended(impl, tenant, at, args.single, f"{n:x}f")
+                        finally:
+                            impl.close()
         finally:
             server.stop()
     load1 = os.getloadavg()
     created = sorted(p for p in DEFAULT_PATHS if os.path.lexists(p) and p not in before_paths)
-    print(f"\n## IPAM at scale: {args.pods} pods x {args.networks} networks on {args.nodes} nodes, "
-          f"{args.concurrency} at once (load {load0[0]:.2f} -> {load1[0]:.2f})\n")
+    wl0 = wls[0]
+    summary: dict[str, Any] = {}
+    if args.layouts:
+        print(f"\n## IPAM at scale in {len(wls)} layouts: {args.networks} networks per pod "
+              f"(load {load0[0]:.2f} -> {load1[0]:.2f})")
+        summary = layouts_report(reports, wls)
+        print("\n## Every phase of every run\n")
+    else:
+        print(f"\n## IPAM at scale: {wl0.pods} pods x {args.networks} networks on {wl0.nodes} nodes, "
+              f"{wl0.concurrency} at once (load {load0[0]:.2f} -> {load1[0]:.2f})\n")
     print(table(reports))
-    if args.repeat > 1:
+    if args.repeat > 1 and not args.layouts:
         print(f"\nMedians of {args.repeat} runs (each against the upstream of its own run):\n")
         print(medians(reports))
     if slice_notes:
-        by = ("upstream's node-slice-controller (started before ADD, every node assigned before the first "
-              "call, stopped after DEL), for every implementation" if args.slices_by == "controller"
-              else "the pycni plugin itself, on each node's first ADD (no controller)")
-        print(f"\nslices: {SLICES_RANGE} in {SLICE_SIZE} slices, network_name {SLICES_NETWORK}; "
-              f"slices assigned by {by}")
+        by = {"controller": "upstream's node-slice-controller (started before ADD, every node assigned "
+                            "before the first call, stopped after DEL), for every implementation",
+              "plugin": "the pycni plugin itself, on each node's first ADD (no controller)",
+              "own": "upstream's node-slice-controller for upstream (started before ADD, stopped after "
+                     "DEL), the pycni plugin itself for pycni (on each node's first ADD, no controller)"}
+        print(f"\nslices: {SLICES_RANGE} in {wl0.slice_size} slices, network_name {SLICES_NETWORK}; "
+              f"slices assigned by {by[args.slices_by]}")
     print()
     print(details(reports))
     if singles:
@@ -1064,17 +1246,18 @@ def main(argv: list[str] | None = None) -> int:
               f"machine made them): {created}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
-        "workload": {"pods": args.pods, "networks": args.networks, "nodes": args.nodes,
-                     "concurrency": args.concurrency, "budget_s": budget, "modes": modes,
+        "workload": {"pods": wl0.pods, "networks": args.networks, "nodes": wl0.nodes,
+                     "concurrency": wl0.concurrency, "budget_s": budget, "modes": modes,
                      "pycni": "source" if bundle is None else str(bundle),
-                     **({"slices": {"range": SLICES_RANGE, "slice_size": SLICE_SIZE,
+                     **({"slices": {"range": SLICES_RANGE, "slice_size": wl0.slice_size,
                                     "network_name": SLICES_NETWORK, "assigned_by": args.slices_by,
                                     "runs": slice_notes}} if "slices" in modes else {})},
-        "load_avg": {"start": load0, "end": load1}, "cpus": os.cpu_count(),
+        "load_avg": {"start": load0, "end": load1}, "cpus": os.cpu_count(), "repeat": args.repeat,
+        **summary, "agents": agents,
         "phases": [asdict(r) for r in reports], "uncontended": singles, "default_paths_created": created,
     }, indent=1))
     print(f"\nresult: {args.json}")
-    bad = any(r.problems or r.failures for r in reports) or created
+    bad = any(r.problems or r.failures or r.api_504 or r.api_504_cut for r in reports) or created
     return 1 if bad else 0
 
 
