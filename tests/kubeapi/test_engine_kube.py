@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ipam import batch, plugin
+from ipam import batch, combiner, plugin
 from ipam.config import from_dict
 from ipam.engine import Engine
 from ipam.model import Allocation, PoolUpdate, Reservation
@@ -110,7 +110,7 @@ def test_a_hot_add_reads_the_pool_from_the_servers_cache_no_older_than_this_node
     again, _ = _b_written_elsewhere_after_a(tenant, tmp_path)
     client = again.store.client  # (tests.kubeapi.factory.CountingClient: its requests and queries)
     assert isinstance(client, CountingClient)
-    memory = batch.combiner((again.identity, POOL)).memory
+    memory = batch.memory(combiner.combiner((again.identity, POOL)))
     floor = memory.floor
     memory.heat(60)
     del client.sent[:], client.queries[:]
