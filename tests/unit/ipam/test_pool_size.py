@@ -17,7 +17,7 @@ import pytest
 
 from cni import jsonio
 from cni.errors import CniError, Code
-from ipam import batch, rbac
+from ipam import plugin, rbac
 from ipam.allocator import SnapshotView
 from ipam.config import from_dict
 from ipam.engine import Engine
@@ -27,6 +27,7 @@ from ipam.store import crd
 from ipam.store.base import StoreUnavailable
 from ipam.store.kube import KubeStore, api_failure
 from tests.memstore import Backend, MemoryStore
+from tests.unit.ipam.conftest import count_queued
 from tests.unit.ipam.test_agent_batches import GateStore
 from tests.waits import until
 
@@ -177,7 +178,8 @@ def setup(tmp: Path, held: int) -> tuple[Backend, threading.Event, threading.Eve
         return Bounded(backend, gate, [], arrived=arrived)
 
     gate.set()
-    return backend, gate, arrived, Engine(store(), conf, reopen=lambda: contextlib.nullcontext(store()))
+    engine = Engine(store(), conf, reopen=lambda: contextlib.nullcontext(store()), execute=plugin.EXECUTE)
+    return backend, gate, arrived, engine
 
 
 def test_an_add_into_a_full_pool_is_refused_before_its_reservation(tmp_path: Path) -> None:
@@ -214,11 +216,11 @@ def test_a_refused_add_does_not_fail_the_dels_of_its_batch(agent: None, tmp_path
 
     threads = [run("del c0", lambda: e.on(e.store).delete(owner(0)))]
     assert arrived.wait(30)  # its write is at the gate
-    comb = batch.combiner((e.identity, POOL))
+    queued = count_queued()
     threads.append(run("add c9", lambda: e.on(e.store).add(owner(9))))
-    until(lambda: comb.pending() == 1, "the ADD queued")
+    until(lambda: queued["combiner-queued"] == 1, "the ADD queued")
     threads.append(run("del c1", lambda: e.on(e.store).delete(owner(1))))
-    until(lambda: comb.pending() == 2, "the ADD and the DEL queued")
+    until(lambda: queued["combiner-queued"] == 2, "the ADD and the DEL queued")
     gate.set()
     for t in threads:
         t.join(30)
