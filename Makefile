@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv lock check-repro deps lint typecheck unit e2e test demo bench bench-bundle bench-ipam bench-ipam-scale bench-warm bench-rail bench-cluster bench-thick driver bundle image clean fuzz
+.PHONY: all venv lock check-repro deps lint typecheck unit e2e test demo bench bench-bundle bench-ipam bench-ipam-scale bench-pool-fill bench-warm bench-rail bench-cluster bench-thick driver bundle image clean fuzz
 all: venv
 
 # Every dependency, runtime, build and dev, is installed from the locks (exact versions and sha256
@@ -123,6 +123,13 @@ bench-ipam: deps venv
 # dist/bench/).
 bench-ipam-scale: deps venv bundle
 	$(PY) -m tests.bench.ipam_scale $(ARGS)
+
+# One shared pool as it fills: one uncontended ADD and DEL at 0 to 8,000 entries, pycni (frozen, no agent)
+# against upstream whereabouts v0.9.4 on one real kube-apiserver: wall ms, API-server CPU ms and requests per
+# call, the pool's bytes (tests/bench/pool_fill.py; not a timed test; ARGS="--fill 0,2000 --runs 5"; JSON in
+# dist/bench/).
+bench-pool-fill: deps venv bundle
+	$(PY) -m tests.bench.pool_fill $(ARGS)
 
 bench-warm: deps venv driver bundle
 	$(PY) -m tests.bench.warm $(if $(N),-n $(N))

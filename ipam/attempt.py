@@ -264,13 +264,17 @@ class Attempt:
         """Decide an ADD through the core (ipam.decide) until it needs no claim that is refused: each
         refused claim blocks that offset and the core decides again (a lost race: the batch's other ops
         keep off it too). False, undecided: on the node's `snapshot`, a candidate reserved by a racer
-        after it was taken (the snapshot is stale). Its own failure (the pool full, a requested address
-        taken, candidates taken again and again) is raised."""
+        after it was taken (the snapshot is stale). Its own failure (the pool full, or too large for its
+        store to take a new entry, a requested address taken, candidates taken again and again) is
+        raised."""
         segments = allocator.segments_as_offsets(op.rng)
         while True:
             outcome = decide.add(changes, self._wanted(op, hot, segments), segments)
             decision = allocator.decision(op.rng, changes, op.owner, outcome)  # full, or a request refused
             assert isinstance(outcome, decide.Took)  # (decision() raised for any other)
+            if outcome.kind == "new":  # the pool grows: within what its store holds (before any claim)
+                entry = op.owner.bare() if self.e.lean_for(op) else op.owner
+                self.e.store.admit(changes, entry, len(changes.put))
             if outcome.claim:
                 lost, blocked = op.claims.lost, len(op.claims.blocked)
                 name = self.e.reservation_name(op.rng, decision.offset)

@@ -216,6 +216,7 @@ class Client:
 
     def __init__(self, conf: KubeConfig, timeout: tuple[float, float] = TIMEOUT) -> None:
         self.conf, self.timeout = conf, timeout
+        self.received = 0  # bytes of the last answer's body (a pool's size as stored: ipam.store.kube)
         self._tmp = ""
         tls = None
         if conf.server.startswith("https://"):
@@ -297,6 +298,7 @@ class Client:
                     self._await_new_token(refused)
                 continue
             break
+        self.received = len(data)
         doc = _decoded(data, f"{method} {path}")
         if status >= 400:
             raise _error(status, doc, data)

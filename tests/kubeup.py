@@ -431,6 +431,25 @@ class Tenant:
     def reservations(self) -> dict[str, dict[str, Any]]:
         return {o["metadata"]["name"]: o["spec"] for o in self.objects("overlappingrangeipreservations")}
 
+    def write_pool(self, name: str, cidr: str, allocations: dict[str, Any]) -> int:
+        """IPPool `name` (range `cidr`) written as admin, holding exactly `allocations` (entries as the CRD
+        has them) and no field tracking (as pycni's writes leave a pool): created if absent, two requests
+        however many entries. Returns the size in bytes of the object as the server answers it (a GET
+        answers the same). ApiFailure when the server refuses it (500: too large for etcd)."""
+        obj = {"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool", "metadata": {"name": name},
+               "spec": {"range": cidr, "allocations": {}}}  # fmt: skip
+        try:
+            self.server.create(self.path("ippools"), obj)
+        except ApiFailure as e:
+            if e.status != 409:
+                raise
+        from ipam.store.kube import JSON_PATCH, UNTRACKED  # (what pycni's own pool writes send)
+
+        ops = [{"op": "add", "path": "/spec/allocations", "value": allocations}, UNTRACKED]
+        text: str = self.server.request("PATCH", self.path("ippools", name), ops, raw=True,
+                                        content_type=JSON_PATCH)
+        return len(text.encode())
+
     def create_pod(self, name: str, uid_hint: str = "", node: str = "node-a",
                    annotations: dict[str, str] | None = None) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": name, "namespace": self.namespace}

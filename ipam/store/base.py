@@ -20,7 +20,8 @@ Optional features have defaults in `Store` that mean "not offered"; a store over
 (the engine asks, never probes with getattr): `serial` with `exclusive()` (the local store: the calls
 inside form one atomic unit, so writers on a node queue instead of racing; the CAS checks still run),
 `view_pool` (answers inside exclusive() without loading the pool), `written`, `known_reservation` and
-`recent_pool` (what this handle last read or wrote, a cheaper read).
+`recent_pool` (what this handle last read or wrote, a cheaper read), `admit` (a pool grown past what the
+store can hold refuses new entries).
 
 A store module `ipam/store/<name>.py` exposes `open_store(conf: ipam.config.StoreConfig) -> Store`
 (ipam.store.select) and joins the contract suite (a factory in tests/contract/factories.py) and the
@@ -32,7 +33,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 from cni.errors import CniError, Code, TryAgainError
-from ipam.model import Pool, PoolUpdate, PoolView, Reservation
+from ipam.model import Allocation, Pool, PoolUpdate, PoolView, Reservation
 
 # typing.Protocol only for the type checker: the stores subclass Store, at run time a plain base class
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
@@ -120,6 +121,12 @@ class Store(Protocol):
         nodes write, ipam.turn): begun now, under the caller's lock; the function returned waits for it
         (call it outside any lock) and returns the version, or raises as commit_pool. None: write it with
         commit_pool (not offered, or not needed for this pool)."""
+        return None
+
+    def admit(self, view: PoolView, entry: Allocation, earlier: int) -> None:
+        """Before an ADD adds `entry` to pool `view` (after the `earlier` new entries of the same write):
+        raise a CniError when the pool would then be larger than the store can hold (the Kubernetes store:
+        code 100, docs/ipam.md "Pool size limit"). Default: no limit."""
         return None
 
     def recent_pool(self, name: str, version: str) -> Pool | None:

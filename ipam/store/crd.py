@@ -45,6 +45,13 @@ OWNER_PREFIX = "pycni.io/o-"  # + offset: one allocation's extras
 LEGACY_OWNERS = "pycni.io/owners"  # the first format: never attached, removed on our next write
 RES_UID, RES_NETWORK, RES_NODE = "pycni.io/pod-uid", "pycni.io/network", "pycni.io/node"
 OWNERS_BUDGET = 200 * 1024
+# An IPPool is one etcd value, written whole by the API server: etcd refuses a request over its
+# --max-request-bytes (1.5 MiB by default; the API server answers 500 "etcdserver: request is too large").
+# pycni gives no new address from a pool past SIZE_LIMIT, which leaves room below etcd's default for one
+# combined write of many nodes' entries (ipam.turn) and for the request's own bytes (docs/ipam.md "Pool
+# size limit"; measured: tests/kubeapi/test_pool_size.py).
+STORE_LIMIT = 1536 * 1024
+SIZE_LIMIT = STORE_LIMIT - 128 * 1024
 TURN_NOTE = "pycni.io/turn"  # a pool several nodes write: the name of its turn (ipam.turn)
 WRITER_NOTE = "pycni.io/writer"  # the node that last wrote a pool directly (ipam.store.kube)
 
@@ -108,6 +115,17 @@ def attach(a: Allocation, entry: list[str] | None) -> Allocation:
     if entry is None or entry[0] != fingerprint(a):
         return a
     return a._replace(pod_uid=entry[1], network=entry[2], node=entry[3])
+
+
+def entry_bytes(a: Allocation, key: int = 8) -> int:
+    """At most how many bytes allocation `a` adds to a pool object as stored (compact JSON), with an offset
+    of `key` digits: its member of spec.allocations and, when it has extras, its owners annotation (pools
+    hold one only within OWNERS_BUDGET). Counted, not encoded: names and ids are ASCII."""
+    # "k":{"id":"","podref":"","ifname":""},
+    n = 37 + key + len(a.container_id) + len(a.podref) + len(a.ifname)
+    if a.has_extras():  # "pycni.io/o-k":"[\"stamp\",\"uid\",\"network\",\"node\"]",
+        n += 38 + key + 16 + len(a.pod_uid) + len(a.network) + len(a.node)
+    return n
 
 
 def pool_to_object(pool: Pool, namespace: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from cni.errors import CniError, Code
 from ipam import kubeapi, rbac
 from ipam.config import StoreConfig
 from ipam.kubeapi import ApiError, Busy, Client, Unreachable
-from ipam.model import Allocation, Pool, PoolUpdate, Reservation
+from ipam.model import Allocation, Pool, PoolUpdate, PoolView, Reservation
 from ipam.store import crd
 from ipam.store.base import Conflict, Store, StoreBusy, StoreUnavailable
 
@@ -49,6 +49,9 @@ MARKER = {"pycni.io/pool": "owners: pycni.io/o-<offset>"}
 UNTRACKED = {"op": "add", "path": "/metadata/managedFields", "value": [{}]}
 SNAPSHOTS = 8  # pool snapshots a handle keeps for the commits computed from them
 PATCH_TEST_FAILED = "the server rejected our request due to an error in our request"  # 422 of a failed test
+# The API server's answers to a write too large for it: etcd's request limit (500), its own client's
+# (500: an object over 2 MiB), its own request body limit (413)
+TOO_LARGE = ("etcdserver: request is too large", "trying to send message larger than max")
 # objects per list request: a pool can be ~1.5 MB (the API server's object limit), a reservation ~1 KB
 PAGES = {"ippools": 20, "overlappingrangeipreservations": 500}
 
@@ -62,6 +65,7 @@ class KubeStore(Store):
         # the pools this handle read or created, by (name, version): (pool, metadata). A commit is
         # guarded against the snapshot it was computed from, so it needs that snapshot's entries.
         self._seen: dict[tuple[str, str], tuple[Pool | None, dict[str, Any]]] = {}  # -> (pool, object)
+        self._bytes: dict[tuple[str, str], int] = {}  # the same snapshots' sizes as answered (admit)
         self._res_meta: dict[str, dict[str, Any]] = {}
         self._scope = (str(getattr(getattr(client, "conf", None), "server", "")), namespace)
         self.turn_limit = 120.0  # how long a write through a turn may wait (the retry limit)
@@ -132,20 +136,45 @@ class KubeStore(Store):
         if obj is None:
             return None
         pool = crd.pool_from_object(obj)
-        self._keep(obj, pool)
+        self._keep(obj, pool, self.client.received)
         return pool
 
-    def _keep(self, obj: dict[str, Any], pool: Pool | None = None) -> str:
+    def _keep(self, obj: dict[str, Any], pool: Pool | None = None, size: int = 0) -> str:
         """Remember a pool object as read or as returned by a write (its version; "" if it has none): the
         snapshot commits are guarded against, and the one `written()` hands out. A written object is
-        turned into a Pool only if a commit is computed from it (`pool` None until then)."""
+        turned into a Pool only if a commit is computed from it (`pool` None until then). `size`: the
+        bytes of the answer that held it (0: not alone in it, a list)."""
         meta = obj.get("metadata") or {}
         version = str(meta.get("resourceVersion") or "")
         if version:
-            self._seen[(str(meta.get("name", "")), version)] = (pool, obj)
+            key = (str(meta.get("name", "")), version)
+            self._seen[key] = (pool, obj)
+            if size:
+                self._bytes[key] = size
             while len(self._seen) > SNAPSHOTS:
-                del self._seen[next(iter(self._seen))]  # the oldest
+                oldest = next(iter(self._seen))
+                del self._seen[oldest]
+                self._bytes.pop(oldest, None)
         return version
+
+    def admit(self, view: PoolView, entry: Allocation, earlier: int) -> None:
+        """Code 100 (`too_large`) when pool `view`, as this handle read or wrote it, would pass
+        crd.SIZE_LIMIT with `entry` and the `earlier` new entries of the same write added, each counted as
+        large as `entry` (crd.entry_bytes). The pool's size is that of the server's answer that held it:
+        nothing is encoded, but a snapshot taken from a list once, and near the limit the object's
+        managedFields (a pool upstream or a create wrote), which our write clears (UNTRACKED)."""
+        key = (view.name, str(view.version))
+        seen = self._seen.get(key)
+        if seen is None:  # (a pool not stored yet, or a snapshot no longer kept)
+            return
+        size = self._bytes.get(key) or self._bytes.setdefault(key, len(jsonio.dumps(seen[1])))
+        grown = (earlier + 1) * crd.entry_bytes(entry)
+        if size + grown <= crd.SIZE_LIMIT:
+            return
+        tracked = (seen[1].get("metadata") or {}).get("managedFields")
+        if tracked and size - len(jsonio.dumps(tracked)) + grown <= crd.SIZE_LIMIT:
+            return
+        raise too_large(view.name, view.count(), size)
 
     def written(self, name: str, version: str) -> Pool | None:
         """Pool `name` at `version` as this handle read or wrote it: commits from it are guarded against
@@ -230,7 +259,7 @@ class KubeStore(Store):
         if not at_least:
             obj = self._call("get", POOLS, name)
         if obj is not None:
-            self._keep(obj)
+            self._keep(obj, size=self.client.received)
         return obj
 
     def patch_pool_object(self, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
@@ -239,7 +268,7 @@ class KubeStore(Store):
         written = self._call("patch", POOLS, name, [*ops, UNTRACKED])
         if written is None:
             raise Conflict(f"kubernetes: pool {name}: deleted")
-        self._keep(written)
+        self._keep(written, size=self.client.received)
         return written
 
     def watcher(self, read: float) -> Client:
@@ -253,7 +282,7 @@ class KubeStore(Store):
     def _written(self, name: str, obj: dict[str, Any] | None) -> str:
         """The version of the pool object a create or patch returned (kept as a snapshot)."""
         if obj is not None:
-            self._keep(obj)
+            self._keep(obj, size=self.client.received)
         return _version_of((obj or {}).get("metadata") or {}, f"pool {name}")
 
     def iter_pools(self) -> Iterator[Pool]:
@@ -364,16 +393,31 @@ class _Known:
 
 
 def api_failure(e: ApiError, what: str, unavailable: tuple[int, ...] = (401, 403)) -> CniError:
-    """The error an API error status (not 404) stands for: 409 Conflict, 429 and 504 StoreBusy,
+    """The error an API error status (not 404) stands for: 409 Conflict, 429 and 504 StoreBusy, a request
+    or an object too large for the server (`TOO_LARGE`) code 100 (final: the same write fails again),
     `unavailable` and 5xx StoreUnavailable, anything else a rejected request (code 7 for a bad name)."""
     if e.status == 409:
         return Conflict(f"kubernetes: {what}: {e.message or e.reason}")
+    if e.status == 413 or (e.status == 500 and any(t in e.message for t in TOO_LARGE)):
+        return CniError(f"kubernetes: {what}: too large for the API server: {e}",
+                        "a pool this large: docs/ipam.md#pool-size-limit", code=Code.POOL_EXHAUSTED)
     if e.status in (429, 504):
         return StoreBusy(f"kubernetes: {what}: {e}")
     if e.status in unavailable or e.status >= 500:
         return StoreUnavailable(f"kubernetes: {what}: {e}")
     code = Code.INVALID_CONFIG if "metadata.name" in e.message else Code.INTERNAL
     return CniError(f"kubernetes: {what} rejected: {e}", code=code)
+
+
+def too_large(name: str, entries: int, size: int) -> CniError:
+    """Code 100: an ADD refused by `KubeStore.admit` (pool `name` of `entries` entries, `size` bytes)."""
+    return CniError(
+        f"pool {name} is too large for another entry: {entries} entries, {size:,} bytes as stored; pycni "
+        f"adds none past {crd.SIZE_LIMIT:,} bytes (etcd refuses requests over {crd.STORE_LIMIT:,} bytes by "
+        "default)",
+        "use a smaller range, or node_slice_size for a pool per node (docs/ipam.md#pool-size-limit)",
+        code=Code.POOL_EXHAUSTED,
+    )
 
 
 def _version_of(meta: dict[str, Any], what: str) -> str:
