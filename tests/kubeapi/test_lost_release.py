@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cni.errors import CniError, Code
-from ipam import batch, combiner, plugin, rbac
+from ipam import batch, combiner, exec_plain, rbac
 from ipam.config import IpamConfig, from_dict
 from ipam.engine import Engine
 from ipam.kubeapi import Client, load_kubeconfig
@@ -87,7 +87,7 @@ def _agent() -> Iterator[None]:
 
 def _added(tenant: Tenant, tmp: Path) -> IpamConfig:
     conf = _conf(tenant, tmp)
-    [(_, offset)] = Engine(_faulty(tenant), conf, execute=plugin.EXECUTE).add(A)
+    [(_, offset)] = Engine(_faulty(tenant), conf).add(A)  # (a plugin process' ADD)
     assert offset == 1 and len(tenant.reservations()) == 1
     assert len(tenant.pools()[POOL]) == 1
     return conf
@@ -105,7 +105,8 @@ def test_a_del_whose_pool_write_answer_is_lost_still_frees_the_reservation(
     conf = _added(tenant, tmp_path)
     store = _faulty(tenant)
     store.lose = 1
-    engine = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store), execute=plugin.EXECUTE)
+    execute = batch.run if mode == "agent" else exec_plain.run
+    engine = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store), execute=execute)
     with _agent() if mode == "agent" else contextlib.nullcontext():
         engine.delete(A)
     assert store.lost == 1  # the write was applied and its answer lost: the retry found the pool freed
@@ -116,7 +117,7 @@ def test_a_reservation_delete_without_an_answer_is_judged_again(tenant: Tenant, 
     conf = _added(tenant, tmp_path)
     store = _faulty(tenant)
     store.unanswered = 1
-    engine = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store), execute=plugin.EXECUTE)
+    engine = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store), execute=batch.run)
     with _agent():
         engine.delete(A)
     assert store.refused == 1
@@ -133,7 +134,7 @@ def test_a_release_that_fails_is_the_dels_error_and_its_retry_frees_it(
     store = _faulty(tenant)
     store.down = 2  # the DELETE with the known version, then the retried one: the whole first release
     engine = Engine(store, conf, Retry(outage=0.0), reopen=lambda: contextlib.nullcontext(store),
-                    execute=plugin.EXECUTE)
+                    execute=batch.run)
     with _agent():
         with pytest.raises(CniError) as err:
             engine.delete(A)

@@ -67,13 +67,15 @@ def _finish(proc: subprocess.Popen[bytes], timeout: float = 150) -> tuple[int, b
 def _call(conf: dict[str, Any], env: dict[str, str]) -> str:
     """One call as the runtime makes it: run again while it answers code 11, at most RETRIES times; it
     must succeed. The address it answered (ADD), else ""."""
+    said = []
     for _ in range(RETRIES):
         rc, out, err = _finish(_start(conf, env))
         doc = jsonio.loads(out) if out.strip() else {}
         if rc == 0:
             return str(doc["ips"][0]["address"].split("/")[0]) if doc.get("ips") else ""
         assert doc.get("code") == 11, (rc, out, err[-3000:])
-    raise AssertionError(f"{env['CNI_COMMAND']} {env['CNI_CONTAINERID']}: code 11 {RETRIES} times")
+        said.append(f"{doc.get('msg')} ({doc.get('details')}); {err.decode(errors='replace')[-1500:]}")
+    raise AssertionError(f"{env['CNI_COMMAND']} {env['CNI_CONTAINERID']}: code 11 {RETRIES} times: {said}")
 
 
 def _conf(tenant: Tenant, tmp: Path) -> dict[str, Any]:
@@ -299,4 +301,6 @@ def test_the_api_server_restarted_while_writers_wait(own_server: kubeup.KubeServ
     assert set(_held(tenant)) == {cid for cid, _ in work} | {_cid(999), _cid(998)}
     for cid, node in [*work, (_cid(999), "node-a"), (_cid(998), "node-b")]:
         _call(conf, _env("DEL", cid, node, ns))
+    if tenant.pools().get(POOL):  # DEBUG
+        print("LEFT", tenant.pools().get(POOL), tenant.reservations(), _intents(tenant), _turn(tenant))
     _nothing_left(tenant)
