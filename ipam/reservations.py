@@ -220,7 +220,7 @@ def legacy_same_pod(held: Allocation, owner: Allocation) -> bool:
 # that address again (lower ones freed meanwhile). So the one who knows is the node lock of the pool
 # (ipam.nodelock): every claim is noted in the lock file before its POST and the note is taken off when
 # the lock is released; a note found when the lock is taken is a dead holder's (each attempt notes again
-# the claims its op made). The
+# the op's claims: those it made, and those whose POST got no answer, Claims.maybe: they may exist). The
 # new holder frees the reservation it names when the pool does not hold that address and the reservation
 # still names the noted attachment (compare-and-swap on its version: one taken over meanwhile stays). The
 # killed ADD never answered, so nobody uses the address: the retried ADD needs nothing of it, and

@@ -1,9 +1,9 @@
 """A reservation create (POST) that the store applied but never answered (a read timeout or a 504:
 StoreBusy; a connection lost: StoreUnavailable) is recorded as maybe created (ipam.operation
 Claims.maybe): the retry keeps it as its own when it picks that address again, and the ADD's end deletes
-it when the retry went elsewhere or the ADD failed. A create that was answered costs nothing more. On
-the memory store, in a plugin process' mode and the agent's (ipam.batch.install); the real
-kube-apiserver: tests/kubeapi/test_unanswered_reservation.py."""
+it when the retry went elsewhere or the ADD failed; each attempt notes it in the pool's node lock. A
+create that was answered costs nothing more. On the memory store, in a plugin process' mode and the
+agent's (ipam.batch.install); the real kube-apiserver: tests/kubeapi/test_unanswered_reservation.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cni import jsonio
 from ipam import batch, combiner, nodelock, plugin
 from ipam.config import from_dict
 from ipam.engine import Engine
@@ -205,3 +206,29 @@ def test_an_answered_create_costs_no_other_request(tmp_path: Path) -> None:
     s.engine().add(A)
     assert s.store.calls == ["POST 198.51.100.1", f"COMMIT {POOL}"]
 
+
+def test_each_attempt_notes_an_unanswered_create_in_the_node_lock(tmp_path: Path) -> None:
+    """The retry that goes elsewhere still notes the unanswered create (.2) in the pool's node lock
+    while it holds it: killed there, the next holder frees that reservation too (ipam.reservations
+    free_left)."""
+    s = Setup(tmp_path)
+    s.other_holds_1()
+    noted: list[list[str]] = []
+
+    def at_claim(store: Unanswered) -> None:
+        if store.stall == 0:  # the retry's claim of .1: what the lock holds now
+            with open(s.lock, "rb") as f:
+                notes = f.read()[8:].splitlines()
+            noted.append([str(jsonio.loads(n, "note")["name"]) for n in notes])
+
+    class Watching(Unanswered):
+        def put_reservation(self, res: Reservation) -> str:
+            if self.stall == 0 and res.name == "198.51.100.1":
+                at_claim(self)
+            return super().put_reservation(res)
+
+    s.store = Watching(s.backend)
+    s.store.stall, s.store.hook = 1, free_1
+    assert s.engine().add(A) == [(s.conf.ranges[0], 1)]
+    assert noted == [["198.51.100.2", "198.51.100.1"]]
+    assert s.held() == ({"1": "ca"}, {"198.51.100.1": "ca"})
