@@ -175,6 +175,8 @@ class Attempt:
             for op in pending:
                 for name, offset in op.claims.mine.items():
                     reservations.note_claim(lock, name, offset, op.owner)
+                for name, offset in op.claims.maybe.items():  # created unanswered: they may exist
+                    reservations.note_claim(lock, name, offset, op.owner)
         lost = sum(op.claims.lost for op in pending)
         view, got, snapshot = self.reads.decide(self, pending[0].rng, lock, pending, self.reads.hot())
         if sum(op.claims.lost for op in pending) > lost:

@@ -43,6 +43,9 @@ class Claims:
     blocked: set[int] = field(default_factory=set)
     created: dict[str, str] = field(default_factory=dict)  # reservations made by this op: name -> version
     mine: dict[str, int] = field(default_factory=dict)  # their offsets: name -> offset
+    # reservations whose create got no answer (a read timeout, a 504, the connection lost: the server may
+    # have applied it), not found since: name -> offset (ipam.reservations: adopted or dropped)
+    maybe: dict[str, int] = field(default_factory=dict)
     lost: int = 0  # candidates found reserved by someone else on this network
     holders: dict[int, Allocation] = field(default_factory=dict)  # blocked offsets: who reserved them
 

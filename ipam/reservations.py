@@ -47,7 +47,10 @@ class Reservations:
         """The cluster-wide reservation of the decided address: created (POST first: one request when it
         is free), kept when this attachment holds it, taken over for the same pod and interface: True.
         False: the op decides again; a candidate held by someone else is blocked (op.claims says who
-        holds it and whether that was a race lost), one deleted or changed meanwhile is judged again."""
+        holds it and whether that was a race lost), one deleted or changed meanwhile is judged again.
+        A create that gets no answer (StoreUnavailable: the server may have applied it) is recorded in
+        `claims.maybe` and raised: found later naming this attachment, it is this op's as if answered
+        (`created`, `mine`); not kept, `drop` deletes it."""
         rng, owner, claims = op.rng, op.owner, op.claims
         name = self.name(rng, decision.offset)
         if claims.mine.get(name) == decision.offset:
@@ -55,13 +58,21 @@ class Reservations:
         try:
             claims.created[name] = self.store.put_reservation(Reservation(name, owner))
             claims.mine[name] = decision.offset
+            if claims.maybe:
+                claims.maybe.pop(name, None)  # (the earlier create was not applied)
             return True
         except Conflict:  # it exists: whose is it?
             res = self.store.get_reservation(name)
+        except StoreUnavailable:  # no answer: created or not, the ADD's end knows (drop)
+            claims.maybe[name] = decision.offset
+            raise
         if res is None:  # deleted since: judged again at once
             return False
         if res.owner.same_attachment(owner):
+            if name in claims.maybe and res.version is not None:  # our create, applied unanswered
+                claims.created[name], claims.mine[name] = res.version, claims.maybe.pop(name)
             return True
+        claims.maybe.pop(name, None)  # another's: a create of ours still on its way would be refused
         if res.owner.same_pod_interface(owner) or legacy_same_pod(res.owner, owner):
             try:
                 version = self.store.put_reservation(Reservation(name, owner, res.version))
@@ -90,7 +101,10 @@ class Reservations:
         return True
 
     def drop(self, claims: Claims, keep: str, owner: Allocation) -> None:
-        """Reservations this call created for candidates it did not end up with."""
+        """Reservations this call created for candidates it did not end up with: those it knows it
+        created (deleted if still at the version it wrote), and those whose create got no answer and
+        that were not found since (`claims.maybe`: deleted if they exist naming this attachment, at the
+        version read)."""
         for name, version in claims.created.items():
             if name == keep:
                 continue
@@ -100,6 +114,17 @@ class Reservations:
                     self.store.delete_reservation(res)
             except CniError as e:
                 log.warning("reservation %s left behind: %s", name, e)
+        for name in claims.maybe:
+            if name == keep or name in claims.created:
+                continue
+            try:
+                res = self.store.get_reservation(name)
+                if res is not None and res.owner.same_attachment(owner):
+                    log.info("reservation %s: created for %s/%s unanswered, not kept: released", name,
+                             owner.container_id, owner.ifname)  # fmt: skip
+                    self.store.delete_reservation(res)
+            except CniError as e:
+                log.warning("reservation %s (created unanswered) left behind: %s", name, e)
 
     def sweep(self, owner: Allocation) -> None:
         """A pool without this attachment may still leave its reservation behind: an ADD killed between
@@ -194,10 +219,12 @@ def legacy_same_pod(held: Allocation, owner: Allocation) -> bool:
 # tell a retry from a first ADD, and a reservation's name is its address), and it would not always pick
 # that address again (lower ones freed meanwhile). So the one who knows is the node lock of the pool
 # (ipam.nodelock): every claim is noted in the lock file before its POST and the note is taken off when
-# the lock is released; a note found when the lock is taken is a dead holder's. The new holder frees the
-# reservation it names when the pool does not hold that address and the reservation still names the
-# noted attachment (compare-and-swap on its version: one taken over meanwhile stays). The killed ADD never
-# answered, so nobody uses the address: the retried ADD needs nothing of it, and allocates as any ADD.
+# the lock is released; a note found when the lock is taken is a dead holder's (each attempt notes again
+# the op's claims: those it made, and those whose POST got no answer, Claims.maybe: they may exist). The
+# new holder frees the reservation it names when the pool does not hold that address and the reservation
+# still names the noted attachment (compare-and-swap on its version: one taken over meanwhile stays). The
+# killed ADD never answered, so nobody uses the address: the retried ADD needs nothing of it, and
+# allocates as any ADD.
 #
 # Cost: on every claim one write to the lock file (a page-cache write, no fsync: a SIGKILL loses nothing
 # of it) and one truncation at the release; no request to the store. After a kill, the next holder reads
