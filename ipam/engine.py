@@ -162,7 +162,7 @@ class Engine:
                 op = Op("add", rng, owner, self.conf.overlapping)
             raise
         finally:
-            self.reservations.drop(op.claims, keep, owner)
+            self.reservations.drop(op.claims, keep, owner, rng)
 
     # ---- DEL --------------------------------------------------------------------------------------
 

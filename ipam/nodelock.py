@@ -123,6 +123,11 @@ class Held:
         os.pwrite(self.fd, data, self._end)
         self._end += len(data)
 
+    def leave(self, line: bytes) -> None:
+        """Leave `line` for the next holder, as if a holder had died with it noted (its release keeps it)."""
+        self.left.append(line)
+        self._found = True
+
     def release(self) -> None:
         """The file as the lock's release leaves it: the counter and what is still `left`."""
         if not self._end and not self._found:

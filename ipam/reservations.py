@@ -35,7 +35,7 @@ class Reservations:
 
     def __init__(
         self, store: Store, conf: IpamConfig, retry: Retry, pool_name: Callable[[IPRange], str],
-        atomic: Callable[[], AbstractContextManager[Any]],
+        atomic: Callable[..., AbstractContextManager[Any]],
     ) -> None:  # fmt: skip
         self.store, self.conf, self.retry = store, conf, retry
         self.pool_name, self.atomic = pool_name, atomic
@@ -100,11 +100,13 @@ class Reservations:
             )
         return True
 
-    def drop(self, claims: Claims, keep: str, owner: Allocation) -> None:
+    def drop(self, claims: Claims, keep: str, owner: Allocation, rng: IPRange | None = None) -> None:
         """Reservations this call created for candidates it did not end up with: those it knows it
         created (deleted if still at the version it wrote), and those whose create got no answer and
         that were not found since (`claims.maybe`: deleted if they exist naming this attachment, at the
-        version read)."""
+        version read). Those it cannot delete now (the store out of reach) are left in the pool's node
+        lock (`rng`'s) as a dead holder's claims: the next call on the pool on this node frees them."""
+        left: list[tuple[str, int]] = []
         for name, version in claims.created.items():
             if name == keep:
                 continue
@@ -114,6 +116,7 @@ class Reservations:
                     self.store.delete_reservation(res)
             except CniError as e:
                 log.warning("reservation %s left behind: %s", name, e)
+                left.append((name, claims.mine.get(name, -1)))
         for name in claims.maybe:
             if name == keep or name in claims.created:
                 continue
@@ -125,6 +128,21 @@ class Reservations:
                     self.store.delete_reservation(res)
             except CniError as e:
                 log.warning("reservation %s (created unanswered) left behind: %s", name, e)
+                left.append((name, claims.maybe[name]))
+        if left and rng is not None:
+            self._leave(rng, owner, [(n, o) for n, o in left if o >= 0])
+
+    def _leave(self, rng: IPRange, owner: Allocation, left: list[tuple[str, int]]) -> None:
+        """Claims `owner` could not drop, noted in the pool's node lock for its next holder (free_left)."""
+        try:
+            with self.atomic(self.pool_name(rng), owner.node) as lock:
+                if lock is None:
+                    raise OSError("no node lock")
+                for name, offset in left:
+                    lock.leave(_note(name, offset, owner))
+        except OSError as e:
+            log.warning("reservations %s of %s/%s left to DEL, GC and the reconciler: %s",
+                        ", ".join(n for n, _ in left), owner.container_id, owner.ifname, e)  # fmt: skip
 
     def sweep(self, owner: Allocation) -> None:
         """A pool without this attachment may still leave its reservation behind: an ADD killed between
@@ -239,7 +257,11 @@ def legacy_same_pod(held: Allocation, owner: Allocation) -> bool:
 def note_claim(lock: Held | None, name: str, offset: int, owner: Allocation) -> None:
     """Note in the held node lock that this holder claims reservation `name` (`offset`) for `owner`."""
     if lock is not None:
-        lock.note(jsonio.dumps({"name": name, "offset": offset, "owner": list(owner)}))
+        lock.note(_note(name, offset, owner))
+
+
+def _note(name: str, offset: int, owner: Allocation) -> bytes:
+    return jsonio.dumps({"name": name, "offset": offset, "owner": list(owner)})
 
 
 def free_left(reservations: Reservations, read: Callable[[], PoolView], lock: Held) -> None:

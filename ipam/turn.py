@@ -55,7 +55,10 @@ if TYPE_CHECKING:
         def create(self) -> State: ...
         def take(self, seen: State, me: str) -> State | None: ...
         def release(self, held: State, me: str, outcome: Outcome, to: str) -> State | None: ...
-        def changes(self, since: str, seconds: float) -> Iterator[State]: ...
+        def changes(self, since: str, seconds: float) -> Iterator[State]:
+            """The turn's states after version `since` (""): from now, the current state first) for
+            `seconds` at most; Gone when `since` is older than the server keeps."""
+            ...
         def post(self, ops: Ops, me: str) -> Intent: ...
         def delete(self, name: str) -> None: ...
         def intents(self, at_least: str) -> list[Intent]: ...
@@ -77,12 +80,19 @@ class Gone(Exception):
 @valueclass
 class Outcome:
     """What a round did: its number, the pool version after its write, the intents it wrote or found
-    applied (`done`) and those it refused (`rejected`: name -> why)."""
+    applied (`done`) and those it refused (`rejected`: name -> why), and the intents an earlier round
+    handled that still existed when this one listed them (`handled`): no round evaluates an intent
+    twice (an ADD whose writer died, applied after its attachment's DEL, would leave an entry)."""
 
     n: int = 0
     pool: str = ""
     done: frozenset[str] = frozenset()
     rejected: dict[str, str] = field(default_factory=dict)
+    handled: frozenset[str] = frozenset()
+
+    def verdicts(self) -> frozenset[str]:
+        """Every intent this round or an earlier one handled, as far as this outcome knows."""
+        return self.done | self.rejected.keys() | self.handled
 
 
 @valueclass
@@ -322,23 +332,25 @@ class Writer:
                 return got
             try:
                 for new in self.o.changes(since, self.turn_seconds):
-                    state, since, seen_at = new, new.version, self.clock()
+                    if new.version != state.version:  # the turn moved (not just seen again)
+                        seen_at = self.clock()
+                    state, since = new, new.version
                     if intent.name in new.last.done or intent.name in new.last.rejected:
                         break
                     if not new.holder or new.holder == self.me:
                         break
-            except Gone:  # the watch's version is too old: read the turn; rounds may have been missed
-                state, seen_at = self.o.turn() or state, self.clock()
-                since = state.version
-                if applied(self.o.pool(""), intent.ops):
-                    return state.last.pool
+            except Gone:  # older than the server keeps (a restart, a turn long unchanged): from now on,
+                since = ""  # the turn as it is first; and a round missed meanwhile may have written it
+                pool = self.o.pool("")
+                if applied(pool, intent.ops):
+                    return str((pool.get("metadata") or {}).get("resourceVersion") or state.last.pool)
 
     def round(self, held: State, mine: Ops | None) -> Outcome:
         """The holder's round (module docstring): `mine` and every intent of the pool not yet handled,
         written in one write; the turn released with the outcome, to the writer of the oldest intent
         still waiting (else free). Failures to write within the limit release the turn and raise."""
         self.rounds += 1
-        last = held.last.done | held.last.rejected.keys()  # their writers have their verdict
+        last = held.last.verdicts()  # their writers have their verdict: never evaluated again
         listed = self.o.intents(held.version)
         intents = [i for i in listed if i.name not in last]
         leftover = [i for i in listed if i.name in last and i.age > STALE_SECONDS]  # their writers are gone
@@ -347,7 +359,8 @@ class Writer:
         try:
             self._write_all(batch, held, got)
         finally:
-            outcome = Outcome(held.last.n + 1, got.version, frozenset(got.done), got.rejected)
+            kept = frozenset(i.name for i in listed if i.name in last)  # handled before, not deleted yet
+            outcome = Outcome(held.last.n + 1, got.version, frozenset(got.done), got.rejected, kept)
             self._release(held, outcome, last, got.wrote)
         handled = outcome.done | outcome.rejected.keys()
         self._sweep(leftover + [i for i in intents if i.age > STALE_SECONDS and i.name in handled])
@@ -387,7 +400,7 @@ class Writer:
     def _release(self, held: State, outcome: Outcome, last: Set[str], wrote: bool) -> None:
         """The turn released with `outcome`: to the writer of the oldest intent not handled yet (posted
         during the round: one more list), else free."""
-        handled = outcome.done | outcome.rejected.keys() | last
+        handled = outcome.verdicts() | last
         waiting: list[Intent] = []
         if wrote:
             try:

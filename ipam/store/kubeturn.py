@@ -3,9 +3,9 @@ store's namespace, beside the pools. `h` is a digest of the pool's name.
 
 - the turn `pycni-turn-<h>`: `spec.holderIdentity` ("" when free), `spec.renewTime` (when taken, for
   people: waiters judge a silent holder by their own clock), `spec.leaseDurationSeconds`
-  (ipam.TURN_SECONDS, likewise for people); annotations `pycni.io/pool` (the pool's name) and
-  `pycni.io/round` (the last round: `{"n", "pool", "done", "rejected"}`). Taken and released with JSON
-  Patches guarded by `test` (taken: the version the taker judged; released: still the holder).
+  (ipam.turn.TURN_SECONDS, likewise for people); annotations `pycni.io/pool` (the pool's name) and
+  `pycni.io/round` (the last round: `{"n", "pool", "done", "rejected", "handled"}`). Taken and released
+  with JSON Patches guarded by `test` (taken: the version the taker judged; released: still the holder).
 - an intent per waiting writer, `pycni-i-<h>-<suffix>` (generateName), labelled `pycni.io/intent-of:
   <h>`, annotation `pycni.io/ops` (its JSON Patch operations, as the store guards them) and
   `pycni.io/writer`. Posted and deleted by its writer; a round lists them with a label selector at least
@@ -122,7 +122,8 @@ def state_of(obj: dict[str, Any]) -> State:
             raw = jsonio.loads(text, ROUND_NOTE)
             last = Outcome(int(raw.get("n", 0)), str(raw.get("pool", "")),
                                 frozenset(str(x) for x in raw.get("done") or ()),
-                                {str(k): str(v) for k, v in (raw.get("rejected") or {}).items()})  # fmt: skip
+                                {str(k): str(v) for k, v in (raw.get("rejected") or {}).items()},
+                                frozenset(str(x) for x in raw.get("handled") or ()))  # fmt: skip
         except Exception:  # mangled by hand: as if no round ran (waiters take the turn and see)
             last = Outcome()
     return State(str(meta.get("resourceVersion") or ""), str(spec.get("holderIdentity") or ""), last)
@@ -189,8 +190,7 @@ class KubeTurn:
 
         def make(enter: Callable[[], None] | None) -> TurnWatch:  # its own client, for its own thread
             client = Client(self.store.client.conf, (3.0, turnwatch.WATCH_SECONDS + WATCH_SLACK))
-            watch = functools.partial(self._watch, client)
-            return turnwatch.TurnWatch(functools.partial(self.read, client), watch, client, enter)
+            return turnwatch.TurnWatch(functools.partial(self._watch, client), client, enter)
 
         return turnwatch.shared((str(self.store.client.conf.server), self.namespace, self.name), make)
 
@@ -215,7 +215,8 @@ class KubeTurn:
 
     def release(self, held: State, me: str, outcome: Outcome, to: str) -> State | None:
         note = jsonio.dumps({"n": outcome.n, "pool": outcome.pool, "done": sorted(outcome.done),
-                             "rejected": outcome.rejected}).decode()  # fmt: skip
+                             "rejected": outcome.rejected,
+                             "handled": sorted(outcome.handled)}).decode()  # fmt: skip
         ops = [{"op": "test", "path": "/spec/holderIdentity", "value": me},
                {"op": "add", "path": "/spec/holderIdentity", "value": to},
                {"op": "add", "path": _pointer("metadata", "annotations", ROUND_NOTE),

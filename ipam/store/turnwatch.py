@@ -29,15 +29,15 @@ BACKOFF = (0.2, 5.0)
 
 
 class TurnWatch:
-    """One turn's watch (module docstring). `read`: a GET of the turn (its state, None when absent);
-    `watch(since, seconds)`: the turn's states after `since`, as a watch request gives them (Gone: too
-    old); `client`: closed when the watch stops."""
+    """One turn's watch (module docstring). `watch(since, seconds)`: the turn's states after `since` as
+    a watch request gives them ("": from now, the current state first; Gone: too old); `client`: closed
+    when the watch stops."""
 
     def __init__(
-        self, read: Callable[[], State | None], watch: Callable[[str, float], Iterator[State]],
-        client: Client, enter: Callable[[], None] | None = None,
+        self, watch: Callable[[str, float], Iterator[State]], client: Client,
+        enter: Callable[[], None] | None = None,
     ) -> None:  # fmt: skip
-        self.read, self.watch, self.client, self.enter = read, watch, client, enter
+        self.watch, self.client, self.enter = watch, client, enter
         self.cv = threading.Condition()
         self.states: deque[State] = deque(maxlen=HISTORY)
         self.complete_from = -1  # the history holds every state after this version
@@ -61,6 +61,8 @@ class TurnWatch:
             while True:
                 if not self.healthy:
                     return None
+                if not since:  # from now: the turn as it is first
+                    return iter([self.states[-1]])
                 after = _number(since)
                 if after < self.complete_from:
                     raise Gone()
@@ -77,11 +79,13 @@ class TurnWatch:
         try:
             while time.monotonic() - self.used < IDLE_SECONDS:
                 try:
-                    if not self.healthy:
-                        self._restart()
-                    last = self.states[-1].version
-                    for state in self.watch(last, WATCH_SECONDS):
+                    since = self.states[-1].version if self.healthy else ""  # "": from now, current first
+                    for state in self.watch(since, WATCH_SECONDS):
                         with self.cv:
+                            if not self.healthy:  # (re)started: the history begins here
+                                self.states.clear()
+                                self.complete_from = _number(state.version)
+                                self.healthy = True
                             self.states.append(state)
                             if len(self.states) == HISTORY:
                                 self.complete_from = _number(self.states[0].version)
@@ -97,17 +101,6 @@ class TurnWatch:
             self._broken("")
             self.stopped = True
             self.client.close()
-
-    def _restart(self) -> None:
-        state = self.read()
-        if state is None:
-            raise StoreUnavailable("turn: not created yet")
-        with self.cv:
-            self.states.clear()
-            self.states.append(state)
-            self.complete_from = _number(state.version)
-            self.healthy = True
-            self.cv.notify_all()
 
     def _broken(self, why: str) -> None:
         with self.cv:

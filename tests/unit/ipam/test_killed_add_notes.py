@@ -128,3 +128,43 @@ def test_a_note_not_understood_is_dropped(tmp_path: Path, line: bytes) -> None:
     lock = nodelock.Held(0, str(path), 1, [line])
     reservations.free_left(e.reservations, lambda: e.view(e.conf.ranges[0]), lock)
     assert lock.left == []
+
+
+class OutageStore(FlakyStore):
+    """Pool writes and reservation deletions fail while `down` is set (the API server away)."""
+
+    def commit_pool(self, pool: Pool, update: PoolUpdate) -> str:
+        if self.down:
+            raise StoreUnavailable("pools: down")
+        return super().commit_pool(pool, update)
+
+
+def test_a_claim_the_failed_add_cannot_drop_is_left_to_the_next_holder(tmp_path: Path) -> None:
+    """The store goes away between A's reservation and its pool write: A's ADD fails (code 11) and cannot
+    delete the reservation it claimed either. The claim is left in the pool's node lock as a dead
+    holder's note: the next call on the pool on this node (B's ADD) frees it, and A's retry finds nothing
+    of the failed ADD (issue 44: nothing left after a server outage)."""
+    conf = from_dict({"range": "198.51.100.0/24", "datastore": "kubernetes", "network_name": "",
+                      "kubernetes": {"kubeconfig": "/nonexistent"},
+                      "local_db": str(tmp_path / "state" / "whereabouts.db")})  # fmt: skip
+    store = OutageStore(Backend())
+    e = Engine(store, conf, Retry(outage=0.0, sleep=lambda s: None, rand=lambda: 0.0))
+    store.commit_pool(Pool(POOL, "198.51.100.0/24"), PoolUpdate(put={"9": B}))  # the pool exists
+    put = store.put_reservation
+
+    def then_down(res: Reservation) -> str:  # A's claim made, then the outage
+        version = put(res)
+        store.down = True
+        return version
+
+    store.put_reservation = then_down  # type: ignore[method-assign]
+    with pytest.raises(StoreUnavailable):
+        e.add(A)
+    store.put_reservation = put  # type: ignore[method-assign]
+    assert {n: r.owner.container_id for n, r in store.backend.reservations.items()} == {"198.51.100.1": "ca"}
+    path = Path(nodelock.path_for(e.lock_dir, e.identity, "node1", POOL))
+    assert path.stat().st_size > 8, "the claim left in the node lock"
+    store.down = False
+    assert [off for _, off in e.add(B._replace(container_id="cb2", podref="ns/b2"))] == [1]
+    assert {n: r.owner.container_id for n, r in store.backend.reservations.items()} == {"198.51.100.1": "cb2"}
+    assert path.stat().st_size == 8

@@ -50,6 +50,7 @@ class Objects:
         self.on_post: Callable[[Intent], None] | None = None
         self.fail_write: BaseException | None = None
         self.gone_once = False
+        self.too_old = 0  # a watch from an older version is Gone (the server keeps no older events)
 
     def clock(self) -> float:
         return self.now
@@ -95,11 +96,17 @@ class Objects:
             self.gone_once = False
             raise turn.Gone()
         with self.cv:
+            if since and int(since) < self.too_old:
+                raise turn.Gone()
+            first = []
+            if not since:  # from now: the current state first
+                first, since = [self.history[-1]], self.history[-1].version
             if self.instant and int(self.history[-1].version) <= int(since):
-                self.now += seconds
-                return
-            self.cv.wait_for(lambda: int(self.history[-1].version) > int(since), WAIT)
-            states = [s for s in self.history if int(s.version) > int(since)]
+                self.now += seconds  # the rest of the watch: nothing
+                states = first
+            else:
+                self.cv.wait_for(lambda: int(self.history[-1].version) > int(since), WAIT)
+                states = first + [s for s in self.history if int(s.version) > int(since)]
         yield from states
 
     def post(self, ops: list[dict[str, Any]], me: str) -> Intent:
@@ -312,3 +319,38 @@ def test_a_holder_whose_write_fails_releases_the_turn() -> None:
         Writer(objs, "n1/1/a", clock=objs.clock).write(add("1", "c1"))
     state = objs.turn()
     assert state is not None and state.holder == "" and not state.last.done
+
+
+def test_an_intent_is_evaluated_once_even_when_its_writer_never_deletes_it() -> None:
+    """An ADD's intent refused (its address was taken then) whose writer died without deleting it: as
+    long as it exists, no later round evaluates it again (the outcomes carry it in `handled`), so it is
+    not applied after the address is freed (an entry of a dead call, after its attachment's DEL)."""
+    pool = {"metadata": {"resourceVersion": "1"}, "spec": {"allocations": {"5": {"id": "other"}}}}
+    objs = Objects(pool)
+    objs.held_by("someone")
+    dead = objs.post(add("5", "dead"), "dead/1/x")  # posted while the turn is held; its writer dies
+    with objs.cv:
+        objs._set("")
+    for i in range(4):  # four more rounds; between the first two, .5 is freed
+        Writer(objs, f"n{i}/1/a", clock=objs.clock).write(add(str(10 + i), f"c{i}"))
+        if i == 0:
+            assert objs.turn().last.rejected.keys() == {dead.name}  # type: ignore[union-attr]
+            with objs.cv:
+                del objs.stored["spec"]["allocations"]["5"]
+        else:
+            assert dead.name in objs.turn().last.handled  # type: ignore[union-attr]
+    assert "5" not in objs.entries() and dead.name in objs.intents_
+
+
+def test_a_silent_holder_is_taken_over_when_the_server_keeps_no_events_as_old_as_the_turn() -> None:
+    """The turn unchanged for longer than the server keeps events (its restart, a long quiet): a watch
+    from its version is Gone. The waiter watches from now (the turn as it is first), without taking that
+    for the holder moving, and takes the silent turn over."""
+    objs = Objects()
+    objs.held_by("dead/1/z")
+    objs.instant = True
+    objs.too_old = int(objs.history[-1].version) + 1  # every version so far is too old to watch from
+    w = Writer(objs, "n1/1/a", clock=objs.clock, turn_seconds=5.0)
+    w.write(add("3", "c3"))
+    assert objs.takes == ["n1/1/a"] and objs.entries()["3"]["id"] == "c3"
+    assert 5.0 <= objs.now <= 15.0
