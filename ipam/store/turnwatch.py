@@ -101,6 +101,9 @@ class TurnWatch:
             self._broken("")
             self.stopped = True
             self.client.close()
+            with _Shared.lock:  # dropped from the registry (a pool no longer written: nothing kept of it)
+                for k in [k for k, w in _Shared.watches.items() if w is self]:
+                    del _Shared.watches[k]
 
     def _broken(self, why: str) -> None:
         with self.cv:

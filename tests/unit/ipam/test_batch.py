@@ -504,3 +504,39 @@ def test_after_a_failed_write_the_next_attempt_reads_the_pool_as_stored(kept: No
     kinds = [kind for kind, _ in store.reads]
     assert kinds[0] == "recent" and kinds[1:] and set(kinds[1:]) == {"stored"}
     assert len(backend.pools["198.51.100.0-24"].allocations) == 3
+
+
+def test_idle_combiners_are_dropped_with_what_they_kept(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 45: the agent kept one combiner per pool it ever wrote, each holding its memory of the pool
+    (up to a 1.5 MB object), for its whole life. A combiner idle for IDLE_SECONDS (0 here) is dropped at
+    a later lookup: 1,000 networks, each used once, leave at most LOOK_EVERY combiners, and what the early
+    ones kept is gone (not only unreachable from the registry)."""
+    import gc
+    import weakref
+
+    monkeypatch.setattr(combiner, "IDLE_SECONDS", 0.0)
+    monkeypatch.setattr(combiner, "LOOK_EVERY", 16)
+    backend = Backend()
+    store = MemoryStore(backend)
+    kept: list[weakref.ref[Any]] = []
+    batch.install()
+    try:
+        for i in range(1000):
+            conf = from_dict({"range": RANGE, "network_name": f"net{i}", "datastore": "kubernetes",
+                              "kubernetes": {"kubeconfig": "/nonexistent"},
+                              "local_db": str(tmp_path / "db")})  # fmt: skip
+            e = Engine(store, conf, reopen=lambda: contextlib.nullcontext(store), execute=batch.run)
+            e.add(A)
+            if i < 10:
+                comb = combiner.combiner((e.identity, e.pool_name(conf.ranges[0])))
+                kept.append(weakref.ref(batch.memory(comb)))
+                del comb
+            assert combiner.count() <= 16 + 1
+        assert combiner.settle_all(30)
+    finally:
+        batch.uninstall()
+    gc.collect()
+    assert all(ref() is None for ref in kept), "an early network's memory is still held"
+    assert len(backend.pools) == 1000  # (every network was written)
