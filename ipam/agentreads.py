@@ -50,15 +50,14 @@ HOT_SECONDS = 10.0  # after a race lost to another node, this node's calls scatt
 
 class Memory:
     """What the agent remembers of one pool (module docstring), used by its batches one decision at a
-    time (the combiner's `batching` lock; answer_before_write's callers: its `deciding` lock).
+    time (the combiner's `batching` lock).
 
     - `last`, `count`: the pool as the agent's last write left it (the store's answer) and the node
       lock's counter then: usable while the counter moved by exactly one (no other holder since);
     - `floor`: the pool's version after that write: a read at least that new (a server's cache) sees it;
     - `hot_until`, `foreign_until` (monotonic): a race lost to another node lately (the next ADDs spread
       their candidates at once), a write outside this node's lock seen lately (ADDs read the pool);
-    - `inflight`: offsets of ADDs decided and sent whose writes wait (a shared pool's turn);
-    - `unwritten`: ops answered before their write (answer_before_write, ipam.batch)."""
+    - `inflight`: offsets of ADDs decided and sent whose writes wait (a shared pool's turn)."""
 
     def __init__(self) -> None:
         self.last: Pool | None = None
@@ -66,7 +65,6 @@ class Memory:
         self.floor = ""
         self.hot_until = self.foreign_until = 0.0
         self.inflight: set[int] = set()
-        self.unwritten: list[Op] = []  # answer_before_write: answered, not yet written (ipam.batch)
 
     def hot(self) -> bool:
         """Whether other nodes race this one on the pool."""

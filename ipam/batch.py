@@ -9,12 +9,6 @@ reservations are released in the batch, after its write. Each caller returns onc
 (a DEL: and released) or failed, never before: an answered ADD's pool entry exists. A batch whose write
 waits for other nodes (a shared pool's turn) lets the next batch decide meanwhile.
 
-Unless its config opts in (`answer_before_write`, `answer_early`): the caller's thread decides its ops on
-the pool as the last batch wrote it plus the ops answered and not yet written (`Memory.unwritten`), one
-caller of the pool at a time; an ADD claims its reservation, and the call returns. Its op, pinned to its
-address, goes to the queue, and a batch writes it with the others. An op that fails after its answer is
-logged as an error; its reservation stays (the address is held, never handed out twice).
-
 `install(home)`: the agent, once at start-up: every engine the IPAM plugin builds from then on runs its
 ops here (ipam.plugin), the batch threads enter the agent's network namespace and directory, and waits on
 a shared pool's turn share one watch of it (ipam.store.turnwatch)."""
@@ -23,17 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cni import log, metrics
+from cni import metrics
 from cni.errors import CniError
-from ipam import combiner, decide
-from ipam.agentreads import HOT_SECONDS, Memory, Remembered
-from ipam.allocator import SnapshotView
-from ipam.attempt import Attempt, undecide
+from ipam import combiner
+from ipam.agentreads import Memory, Remembered
+from ipam.attempt import Attempt
 from ipam.combiner import Combiner
-from ipam.decide import Changes
 from ipam.operation import DECIDED, FAILED, WRITTEN, Op
-from ipam.ranges import same_network
-from ipam.store.base import Conflict, StoreUnavailable
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
@@ -92,8 +82,6 @@ def run(engine: Shared, ops: list[Op]) -> None:
     name = engine.pool_name(ops[0].rng)
     comb = combiner.combiner((engine.identity, name))
     execute = _executor(engine, name, comb)
-    if all(op.early and op.overlapping for op in ops) and answer_early(engine, name, comb, ops, execute):
-        return
     comb.run(ops, execute, 2 * engine.retry.limit)
 
 
@@ -113,10 +101,6 @@ def _executor(engine: Shared, name: str, comb: Combiner) -> Callable[[list[Op]],
                 _release_freed(e, group)
         finally:  # each op runs in one batch: count its races lost once, when it is over
             metrics.conflict("reservation", sum(op.claims.lost for op in group))
-            _failed_after_answer(group)
-            with comb.deciding:  # the ops answered early that are done leave `unwritten`
-                mem = memory(comb)
-                mem.unwritten = [op for op in mem.unwritten if not op.done]
 
     return execute
 
@@ -132,66 +116,3 @@ def _release_freed(engine: Shared, group: list[Op]) -> None:
                 op.to(FAILED, e)
                 continue
             op.to(WRITTEN)
-
-
-def _failed_after_answer(held: list[Op]) -> None:
-    """An op answered before its pool write (answer_before_write) that then failed: its caller is gone, so
-    the log says it (an ADD: the address its pod uses has no pool entry; its reservation holds it)."""
-    for op in held:
-        if op.answered and op.state == FAILED:
-            what = op.rng.address(op.offsets[0]) if op.kind == "add" and op.offsets else op.rng.cidr
-            log.error("%s %s %s: answered before its pool write, which then failed: %s", op.kind.upper(),
-                      op.owner.container_id, what, op.error)  # fmt: skip
-
-
-# ---- answer_before_write ------------------------------------------------------------------------------
-
-
-def answer_early(
-    engine: Shared, name: str, comb: Combiner, ops: list[Op], execute: Callable[[list[Op]], None]
-) -> bool:
-    """answer_before_write (module docstring): decide `ops` in the caller's thread on the pool as the
-    last batch wrote it (else as read) plus the ops answered and not yet written, an ADD with its
-    reservation claimed; answered ones go to the queue pinned to their address. True when the call is
-    done (answered, or failed with an op's own error); False: through a batch as usual (a DEL that found
-    nothing, where the stored pool decides; the store did not answer)."""
-    rng = ops[0].rng
-    with comb.deciding:
-        mem, lost = memory(comb), sum(op.claims.lost for op in ops)
-        last = mem.last
-        try:
-            fits = last is not None and same_network(last.range, rng)
-            view = SnapshotView(last) if last is not None and fits else engine.view(rng)
-            changes = Changes(view)
-            for op in mem.unwritten:
-                _replay(engine, changes, op)
-            got = Attempt(engine, name, ops).decide_all(view, ops, mem.hot(), changes=changes)
-        except (StoreUnavailable, Conflict):
-            undecide(ops, failed=True)
-            return False
-        finally:
-            if sum(op.claims.lost for op in ops) > lost:  # races lost to other nodes: scatter at once
-                mem.heat(HOT_SECONDS)
-        if any(op.kind == "del" and not op.freed for op in got.decided):
-            undecide(ops)
-            return False
-        if any(op.state == FAILED for op in ops):
-            return True
-        for op in ops:
-            if op.kind == "add":
-                op.want = op.offsets[0]  # decided again after a lost write, it gets exactly this or fails
-            op.answered = True
-        mem.unwritten += ops
-    comb.hand_over(ops, execute)
-    return True
-
-
-def _replay(engine: Shared, changes: Changes, op: Op) -> None:
-    """An op answered and not yet written, on `changes` as its write will make it (its pinned address;
-    nothing when the view already holds it)."""
-    if op.kind == "del":
-        decide.one(changes, decide.Del(op.owner), ())
-        return
-    outcome = decide.add(changes, decide.Add(op.owner, want=op.offsets[0]), [(op.offsets[0], op.offsets[0])])
-    if isinstance(outcome, decide.Took):
-        decide.apply(changes, outcome, op.owner, engine.lean_for(op))

@@ -53,7 +53,6 @@ class Combiner:
         self.kept: object | None = None
         self.used = time.monotonic()
         self.batching = threading.Lock()  # the executor's: one batch of the pool decides and writes at a time
-        self.deciding = threading.Lock()  # the executor's: one early answer (answer_before_write) at a time
 
     def run(self, ops: Sequence[Op], execute: Execute, wait: float = 300.0) -> None:
         """Queue `ops` and wait until they are done (written or failed), at most `wait` seconds (then
@@ -68,11 +67,6 @@ class Combiner:
                 if left <= 0:
                     self._give_up(ops, wait)
                 cv.wait(left)
-
-    def hand_over(self, ops: Sequence[Op], execute: Execute) -> None:
-        """Queue ops already answered (answer_before_write) for a batch to write, without waiting."""
-        with self._cv:
-            self._hand(ops, execute)
 
     def _hand(self, ops: Sequence[Op], execute: Execute) -> None:
         import contextvars

@@ -5,10 +5,11 @@ Keys are whereabouts' own (snake_case, `ipRanges`). Ours: `datastore: local` and
 serves a config (`store_config`, `merge`): `datastore` when given, else the one its settings imply
 (`kubernetes.kubeconfig`, else `etcd_host`), the inline config deciding before the flat file; with
 neither, the call fails (`NoStoreError`): the node-local store is never a silent default. Accepted
-and ignored: `leader_lease_duration`, `leader_renew_deadline`, `leader_retry_period` (we take no lease)
-and `sleep_for_race` (a test knob upstream). `node_slice_size` (node slices, ipam.slices) needs the
-kubernetes datastore and exactly one range. `answer_before_write` (ours, for the agent: ipam.batch)
-needs `enable_overlapping_ranges`."""
+and ignored: `leader_lease_duration`, `leader_renew_deadline`, `leader_retry_period` (we elect no
+leader) and `sleep_for_race` (a test knob upstream); `answer_before_write` (an opt-in of earlier pycni
+releases, removed since every call is as fast answered after its pool write: docs/ipam.md), when a
+boolean. `node_slice_size` (node slices, ipam.slices) needs the kubernetes datastore and exactly one
+range."""
 
 from __future__ import annotations
 
@@ -86,7 +87,6 @@ class IpamConfig:
     log_level: str = ""
     reconciler_cron_expression: str = ""
     node_slice_size: str = ""  # as written (upstream compares it as a string); ipam.slices.parse_size
-    answer_before_write: bool = False  # the agent's opt-in (ipam.batch): answered before the pool write
 
 
 class NoStoreError(ConfigError):
@@ -184,21 +184,8 @@ def from_dict(d: dict[str, Any], path: str = "ipam") -> IpamConfig:
         reconciler_cron_expression=f.opt(d, "reconciler_cron_expression", str, path, ""),
         store=(store := store_config(d, path)),
         node_slice_size=_node_slice_size(d, path, parsed, store),
-        answer_before_write=_answer_before_write(d, path, overlapping),
     )
-
-
-def _answer_before_write(d: dict[str, Any], path: str, overlapping: bool) -> bool:
-    """The agent's opt-in (ours, not upstream's): an ADD answered once its address is reserved, a DEL once
-    its entries are found, before the pool write (ipam.batch). The reservation is what holds such an
-    address until its entry is written: it needs overlapping ranges."""
-    early = bool(f.opt(d, "answer_before_write", bool, path, False))
-    if early and not overlapping:
-        raise ConfigError(
-            f"{f.join(path, 'answer_before_write')}: needs enable_overlapping_ranges (the reservation "
-            "holds the address until the pool entry is written)"
-        )
-    return early
+    f.opt(d, "answer_before_write", bool, path, False)  # removed: accepted (a boolean) and ignored
 
 
 def _node_slice_size(d: dict[str, Any], path: str, parsed: tuple[IPRange, ...], store: StoreConfig) -> str:

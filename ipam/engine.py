@@ -10,8 +10,7 @@ reservation after. A crash between the two steps leaves at worst a reservation w
 The engine runs each range's ops with the executor it was built with (`execute`): a plugin process' own
 (ipam.exec_plain, the default) or the agent's (ipam.batch: the calls of one pool that arrive while a write
 is in flight share the next one), chosen once where the engine is built (ipam.plugin.EXECUTE, set by the
-agent at its start). A call is answered once its pool write is done, in both; the agent answers before
-the write only where a config opts in (`answer_before_write`)."""
+agent at its start). A call is answered once its pool write is done, in both."""
 
 from __future__ import annotations
 
@@ -150,7 +149,7 @@ class Engine:
         return [(rng, offset) for _, rng, offset in done]
 
     def _add_range(self, rng: IPRange, owner: Allocation, want: int | None = None) -> int:
-        op = Op("add", rng, owner, self.conf.overlapping, self.conf.answer_before_write, want=want)
+        op = Op("add", rng, owner, self.conf.overlapping, want=want)
         keep = ""
         try:
             self._run([op])
@@ -174,7 +173,7 @@ class Engine:
 
     def _delete_range(self, rng: IPRange, owner: Allocation) -> bool:
         """Release one range; False when the pool held nothing of this attachment."""
-        op = Op("del", rng, owner, self.conf.overlapping, self.conf.answer_before_write)
+        op = Op("del", rng, owner, self.conf.overlapping)
         self._run([op])  # (its reservations released after its write, by the executor)
         return bool(op.freed or op.sent)
 

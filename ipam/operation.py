@@ -2,8 +2,7 @@
 it is in its batch (ipam.attempt runs batches; ipam.exec_plain and ipam.batch hand them over).
 
 `state` is one of pending -> decided -> written | failed, changed only by `Op.to`, which refuses a
-transition TRANSITIONS does not list. `done` once written or failed. An `early` op (the agent's
-answer_before_write) is `answered` once decided: its caller returns then, its batch writes it after."""
+transition TRANSITIONS does not list. `done` once written or failed."""
 
 from __future__ import annotations
 
@@ -56,7 +55,6 @@ class Op:
     rng: IPRange
     owner: Allocation
     overlapping: bool
-    early: bool = False  # answered once decided, before the write (the agent's answer_before_write)
     claims: Claims = field(default_factory=Claims)
     offsets: list[int] = field(default_factory=list)  # add: [the address]
     want: int | None = None  # add: the requested address (ipam.requested): exactly it, or an error
@@ -68,7 +66,6 @@ class Op:
     started: float = 0.0  # when it last saw progress (its start, or a race lost to another writer)
     error: BaseException | None = None  # set with FAILED (Op.to), cleared when taken back
     state: str = "pending"  # PENDING ... FAILED: changed by `to` alone
-    answered: bool = False  # an `early` op whose caller was let go (ipam.batch); never cleared
 
     @property
     def done(self) -> bool:

@@ -192,10 +192,7 @@ class KubeStore(Store):
             notes = body["metadata"].get("annotations") or {}
             body["metadata"]["annotations"] = {**MARKER, **mine, **notes}
             return self._written(pool.name, self._call("create", POOLS, pool.name, body))
-        waiting = self.post_pool(pool, update)
-        if waiting is not None:
-            return waiting()
-        _, notes, ops = self._patch(pool, update)
+        _, notes, ops = self._patch(pool, update)  # (a shared pool's turn: post_pool, asked first)
         if not ops:
             return str(pool.version)
         if update.whole:

@@ -12,8 +12,6 @@ to the pool empty; failures (pods not Running in time, FailedCreatePodSandBox/Fa
 Implementations, each in a fresh namespace, one after the other on the same cluster:
 - pycni-agent: pycni installed as an operator does (the image imported, `kubectl apply -k` of the test
   overlay of tests/cluster/kubenode.py), its DaemonSet with the agent;
-- pycni-agent-early: the same, its networks with the opt-in `answer_before_write` (docs/ipam.md: the
-  agent answers an ADD on its reservation and writes the pool after);
 - pycni-no-agent: the same install with the agent container removed from the DaemonSet (rolled out;
   the shims find no agent and run the plugins in-process);
 - upstream (last): Debian's Go macvlan (/usr/lib/cni/macvlan) copied into the node's CNI bin dir as
@@ -54,7 +52,7 @@ from tests.nsutil import REPO, RUN, is_root, sh
 
 RANGE = "198.18.64.0/18"
 POOL = "198.18.64.0-18"
-IMPLS = ("pycni-agent", "pycni-agent-early", "pycni-no-agent", "upstream", "floor")
+IMPLS = ("pycni-agent", "pycni-no-agent", "upstream", "floor")
 TIMEOUT = 900.0
 
 
@@ -72,8 +70,6 @@ def network(impl: str, i: int, master: str, node: kubenode.Cluster, flat: Path) 
         ipam |= {"type": "whereabouts",
                  "configuration_path": str(node.cni_conf_dir / "whereabouts.d" / "whereabouts.conf"),
                  "local_db": str(node.state_dir / "pycni" / "whereabouts.db")}
-        if impl == "pycni-agent-early":
-            ipam["answer_before_write"] = True
         kind = "macvlan"
     return {"cniVersion": "0.3.1", "name": f"bench-{i}", "type": kind, "master": master, "mode": "bridge",
             "ipam": ipam}
@@ -357,7 +353,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{num(r['secondary_p50_s'], 0)} / {num(r['secondary_p99_s'], 0)} | {r['api_requests']} |"
             for r in results]
     upstream, against = running_time(results, "upstream"), []
-    for impl in ("pycni-agent", "pycni-agent-early"):
+    for impl in ("pycni-agent",):
         mine = running_time(results, impl)
         against.append((upstream / mine, f"upstream / {impl}, all Running: {upstream / mine:.2f}x"))
     ratios = [line for value, line in (

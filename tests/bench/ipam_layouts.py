@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from tests.bench.ipam_scale import PhaseReport
 
 UPSTREAM = "upstream"
-AGENT_SUFFIXES = ("+agent", "+agent+early")  # pycni+agent, pycni+agent+early, pycni:LABEL+agent
+AGENT_SUFFIXES = ("+agent",)  # pycni+agent, pycni:LABEL+agent
 AGENT_SPEED = {"8x4": 5.0, "32x1": 3.0}  # layout -> least median speed against upstream, ADD and DEL
 AGENT_CPU = {"32x1": 0.25}  # layout -> most median API server CPU per attachment against upstream's
 STANDALONE_SPEED = 1.0  # least median speed against upstream in every layout, ADD and DEL

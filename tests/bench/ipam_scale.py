@@ -82,7 +82,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -99,7 +99,6 @@ BUNDLE = REPO / "dist" / "cni-bin"
 SHARED_RANGE = "198.18.0.0/20"
 FULL_BASE = "198.18.16.0"  # --full-pool: the smallest network from here that holds the attachments
 SETTLE = 60.0  # seconds the check after DEL waits for the objects to settle (nothing left, or a leak)
-EARLY = "pycni+agent+early"  # the agent with answer_before_write
 SINGLE_RANGE = "198.18.32.0/24"  # the uncontended ADDs: outside the workload ranges
 SLICES_RANGE, SLICE_SIZE = "198.18.64.0/18", "/23"  # mode slices: 32 slices of 510 addresses
 SLICES_NETWORK = "bench-slices"  # every network's network_name: one NodeSlicePool
@@ -240,7 +239,6 @@ class Impl:
     """One IPAM implementation: how to run a call, its config, and the namespace it works in."""
 
     label = ""
-    early = False  # answers before the pool write: a phase lasts until the stored objects agree
     tenant: kubeup.Tenant
 
     def setup(self, tenant: kubeup.Tenant, scratch: Path) -> None:
@@ -699,7 +697,6 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
                     + check_slices(tenant, wl, adds, pods))  # fmt: skip
         return check_after_add(tenant, adds, pods)
 
-    wall += settled(impl, check_adds)
     after = measure(server, impl)
     served = impl.served()
     problems = check_adds()
@@ -712,7 +709,6 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
     marks = agent_marks(impl)
     before = measure(server, impl)
     dels, wall = run_phase(impl, wl, "DEL", [pods[i] for i in sorted(started)], started)
-    wall += settled(impl, lambda: check_after_del(tenant))
     after = measure(server, impl)
     served2 = impl.served()
     problems = check_after_del(tenant)
@@ -724,18 +720,6 @@ def _run_workload(impl: Impl, wl: Workload, tenant: kubeup.Tenant, prefix: str) 
     out[-1].left = left
     out[-1].agent_ms = agent_times(impl, "DEL", marks)
     return out
-
-
-def settled(impl: Impl, check: Callable[[], list[str]], limit: float = 60.0) -> float:
-    """An implementation that answers before its writes (`early`): the seconds after the phase's last
-    answer until the stored objects agree with the answers (`check` finds nothing), at most `limit`;
-    0 for the others (their answers follow their writes)."""
-    if not impl.early:
-        return 0.0
-    start = time.monotonic()
-    while check() and time.monotonic() - start < limit:
-        time.sleep(0.05)
-    return time.monotonic() - start
 
 
 def agent_marks(impl: Impl) -> dict[tuple[str, str], int]:
@@ -803,9 +787,8 @@ class Pycni(Impl):
 
     def __init__(self, bundle: Path | None, agents: int = 0, scratch: Path | None = None,
                  agent_args: tuple[str, ...] = (), agent_timeout: float | None = None,
-                 label: str = "", early: bool = False) -> None:  # fmt: skip
+                 label: str = "") -> None:  # fmt: skip
         self.bundle = bundle
-        self.early = early  # answer_before_write in its configs
         self.agent_timeout = agent_timeout  # the shims' PYCNI_AGENT_TIMEOUT (None: the default)
         self.label = label or ("pycni+agent" if agents else "pycni")
         self.agents: dict[str, agentutil.Agent] = {}
@@ -853,7 +836,7 @@ class Pycni(Impl):
 
     def ipam(self, rng: str) -> dict[str, Any]:
         return {"type": "whereabouts", "range": rng, "configuration_path": str(self.flat),
-                "local_db": str(self.local_db), **({"answer_before_write": True} if self.early else {})}
+                "local_db": str(self.local_db)}
 
     def helper_pids(self) -> list[int]:
         return [agent.pid for agent in self.agents.values()]
@@ -1090,7 +1073,7 @@ def make_impl(label: str, wl: Workload, bundle: Path | None, where: Path) -> Imp
     if label == "upstream":
         return Upstream()
     nodes = wl.nodes if ipam_layouts.through_agent(label) else 0
-    return Pycni(bundle, nodes, where, label=label, early=label == EARLY)
+    return Pycni(bundle, nodes, where, label=label)
 
 
 def agents_started(impl: Pycni, run: int, wl: Workload) -> dict[str, Any]:
@@ -1122,9 +1105,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="mode slices: who assigns the slices (controller: upstream's node-slice-controller "
                          "for every implementation; plugin: pycni only, no controller; own: each its own "
                          "way, upstream through the controller, pycni by the plugin)")
-    ap.add_argument("--impl", action="append", choices=("upstream", "pycni", "pycni+agent", EARLY),
-                    help=f"default: the first three; {EARLY}: the agent with answer_before_write (its "
-                         "phases last until the stored objects agree with the answers)")
+    ap.add_argument("--impl", action="append", choices=("upstream", "pycni", "pycni+agent"),
+                    help="default: all three")
     ap.add_argument("--scenario", choices=("313", "full1000"),
                     help="313: 128 pods x 16 networks, 240 s per phase; full1000: 1,000 pods x 1 network "
                          "on 16 nodes, 8 at once each, mode shared on a full pool (Spiderpool's benchmark)")

@@ -6,7 +6,6 @@ call checks, it checks right after its own return, whatever the other calls are 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,6 @@ from tests.bench.ipam_scale import Pod, Pycni, Workload, held, network_config, o
 from tests.nsutil import is_root
 from tests.skips import ROOT
 from tests.unit.helpers import in_threads
-from tests.waits import until
 
 pytestmark = pytest.mark.skipif(not is_root(), reason=f"{ROOT}the agent serves root only")
 
@@ -100,41 +98,3 @@ def test_an_add_that_takes_over_a_statefulset_pods_entry_returns_after_the_entry
         assert agent.served()["ADD"] == 2
     finally:
         agent.close()
-
-
-def test_with_answer_before_write_a_call_returns_reserved_and_the_pool_follows(
-    tenant: kubeup.Tenant, tmp_path: Path
-) -> None:
-    """The opt-in (`answer_before_write`): an ADD returns once its address is reserved (the reservation
-    names its container when it returns) and its pool entry follows; the DELs' writes follow theirs,
-    and the agent stopping writes what it answered first."""
-    n = 6
-    wl = Workload(pods=n, networks=1, nodes=1, concurrency=n, mode="shared", budget=120.0, call_timeout=60.0)
-    agent = Pycni(None, agents=1, scratch=tmp_path, agent_timeout=120, early=True)
-    try:
-        agent.setup(tenant, tmp_path)
-        confs = {1: network_config(agent, wl, 1)}
-        assert json.loads(confs[1])["ipam"]["answer_before_write"] is True
-        pods = [Pod(i, tenant.namespace, "e") for i in range(n)]
-
-        def add(i: int) -> tuple[Any, dict[str, Any] | None]:
-            c = one_call(agent, wl, "ADD", pods[i], 1, confs, time.monotonic() + 90)
-            return c, tenant.reservations().get(c.ip or "-")  # right after the call returned
-
-        adds = in_threads(n, add, timeout=150)
-        assert all(c.ok for c, _ in adds), [c.error for c, _ in adds]
-        assert agent.served()["ADD"] == n
-        assert len({c.ip for c, _ in adds}) == n
-        for (c, res), pod in zip(adds, pods, strict=True):
-            assert res is not None and res["containerid"] == pod.sandbox, (c.ip, res)
-        until(lambda: {e["id"] for _, _, e in held(tenant)} == {p.sandbox for p in pods},
-              "every pod's entry names its sandbox", 60)
-        for (c, _), pod in zip(adds, pods, strict=True):
-            entry = _entry(tenant, c.ip)
-            assert entry is not None and entry["id"] == pod.sandbox
-        dels = in_threads(n, lambda i: one_call(agent, wl, "DEL", pods[i], 1, confs, time.monotonic() + 90),
-                          timeout=150)
-        assert all(c.ok for c in dels), [c.error for c in dels]
-    finally:
-        agent.close()  # stops the agent: what it answered is written first
-    assert held(tenant) == [] and tenant.reservations() == {}
