@@ -27,10 +27,11 @@ from cni import jsonio, log
 from cni.errors import CniError, Code
 from ipam import kubeapi, rbac
 from ipam.config import StoreConfig
-from ipam.kubeapi import ApiError, Busy, Client, Unreachable
+from ipam.kubeapi import ApiError, Client
 from ipam.model import Allocation, Pool, PoolUpdate, PoolView, Reservation
-from ipam.store import crd
-from ipam.store.base import Conflict, Store, StoreBusy, StoreUnavailable
+from ipam.store import crd, kubecall
+from ipam.store.base import Conflict, Store, StoreUnavailable
+from ipam.store.kubecall import PATCH_TEST_FAILED
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:
@@ -48,10 +49,6 @@ MARKER = {"pycni.io/pool": "owners: pycni.io/o-<offset>"}
 # field ownership (figures: docs/benchmarks.md).
 UNTRACKED = {"op": "add", "path": "/metadata/managedFields", "value": [{}]}
 SNAPSHOTS = 8  # pool snapshots a handle keeps for the commits computed from them
-PATCH_TEST_FAILED = "the server rejected our request due to an error in our request"  # 422 of a failed test
-# The API server's answers to a write too large for it: etcd's request limit (500), its own client's
-# (500: an object over 2 MiB), its own request body limit (413)
-TOO_LARGE = ("etcdserver: request is too large", "trying to send message larger than max")
 # objects per list request: a pool can be ~1.5 MB (the API server's object limit), a reservation ~1 KB
 PAGES = {"ippools": 20, "overlappingrangeipreservations": 500}
 
@@ -88,18 +85,14 @@ class KubeStore(Store):
                   "patch": "PATCH"}[verb]
         path = kubeapi.path_of(crd.GROUP, VERSION, self.namespace, resource, "" if verb == "create" else name)
         what = f"{verb} {resource}/{name}" if name else f"{verb} {resource}"
-        try:
-            return self.client.request(method, path, body, query, JSON_PATCH if verb == "patch" else "")
-        except Busy as e:  # a write may have been applied: retrying is safe (guarded patches, CAS)
-            raise StoreBusy(f"kubernetes: {what}: {e}") from None
-        except Unreachable as e:
-            raise StoreUnavailable(f"kubernetes: {what}: {e}") from None
-        except ApiError as e:
-            if e.status == 404:
-                return None
+
+        def own(e: ApiError) -> CniError | None:  # a guard (`test`) that failed: the write's Conflict
             if verb == "patch" and e.status == 422 and e.message == PATCH_TEST_FAILED:
-                raise Conflict(f"kubernetes: {what}: {e.message or e.reason}") from None
-            raise api_failure(e, what, (401, 403, 410)) from None
+                return Conflict(f"kubernetes: {what}: {e.message or e.reason}")
+            return None
+
+        content = JSON_PATCH if verb == "patch" else ""
+        return kubecall.request(self.client, method, path, what, body, query, content, own)
 
     def _list(self, resource: str) -> Iterator[dict[str, Any]]:
         token = ""
@@ -387,23 +380,6 @@ class _Known:
     def get(cls, key: tuple[str, str, str]) -> Reservation | None:
         with cls.lock:
             return cls.entries.get(key)
-
-
-def api_failure(e: ApiError, what: str, unavailable: tuple[int, ...] = (401, 403)) -> CniError:
-    """The error an API error status (not 404) stands for: 409 Conflict, 429 and 504 StoreBusy, a request
-    or an object too large for the server (`TOO_LARGE`) code 100 (final: the same write fails again),
-    `unavailable` and 5xx StoreUnavailable, anything else a rejected request (code 7 for a bad name)."""
-    if e.status == 409:
-        return Conflict(f"kubernetes: {what}: {e.message or e.reason}")
-    if e.status == 413 or (e.status == 500 and any(t in e.message for t in TOO_LARGE)):
-        return CniError(f"kubernetes: {what}: too large for the API server: {e}",
-                        "a pool this large: docs/ipam.md#pool-size-limit", code=Code.POOL_EXHAUSTED)
-    if e.status in (429, 504):
-        return StoreBusy(f"kubernetes: {what}: {e}")
-    if e.status in unavailable or e.status >= 500:
-        return StoreUnavailable(f"kubernetes: {what}: {e}")
-    code = Code.INVALID_CONFIG if "metadata.name" in e.message else Code.INTERNAL
-    return CniError(f"kubernetes: {what} rejected: {e}", code=code)
 
 
 def too_large(name: str, entries: int, size: int) -> CniError:

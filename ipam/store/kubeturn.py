@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable, Iterator
 
 from cni import jsonio
-from cni.errors import CniError, Code
+from cni.errors import CniError
 from ipam import kubeapi, rbac
 from ipam.digest import sha256_hex
-from ipam.kubeapi import ApiError, Busy, Client, Unreachable
-from ipam.store import crd
-from ipam.store.base import Conflict, StoreBusy, StoreUnavailable
+from ipam.kubeapi import ApiError, Client, Unreachable
+from ipam.store import crd, kubecall
+from ipam.store.base import Conflict, StoreUnavailable
 from ipam.turn import TURN_SECONDS, Gone, Intent, Outcome, State, watch_states
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
@@ -149,24 +149,16 @@ class KubeTurn:
         method = {"get": "GET", "list": "GET", "create": "POST", "patch": "PATCH", "delete": "DELETE"}[verb]
         path = kubeapi.path_of(GROUP, VERSION, self.namespace, LEASES, "" if verb == "create" else name)
         what = f"{verb} leases/{name}" if name else f"{verb} leases"
-        try:
-            return (client or self.store.client).request(method, path, body, query, content_type)
-        except Busy as e:
-            raise StoreBusy(f"kubernetes: {what}: {e}") from None
-        except Unreachable as e:
-            raise StoreUnavailable(f"kubernetes: {what}: {e}") from None
-        except ApiError as e:
-            if e.status == 404:
-                return None
+
+        def own(e: ApiError) -> CniError | None:
             if e.status == 403:
-                raise Forbidden(f"kubernetes: {what}: {e}") from None
-            if e.status in (409, 422):
-                raise Conflict(f"kubernetes: {what}: {e.message or e.reason}") from None
-            if e.status in (429, 504):
-                raise StoreBusy(f"kubernetes: {what}: {e}") from None
-            if e.status in (401, 410) or e.status >= 500:
-                raise StoreUnavailable(f"kubernetes: {what}: {e}") from None
-            raise CniError(f"kubernetes: {what} rejected: {e}", code=Code.INTERNAL) from None
+                return Forbidden(f"kubernetes: {what}: {e}")
+            if e.status == 422:  # a `test` that failed: taken or released by another writer meanwhile
+                return Conflict(f"kubernetes: {what}: {e.message or e.reason}")
+            return None
+
+        on = client or self.store.client
+        return kubecall.request(on, method, path, what, body, query, content_type, own, (401, 410))
 
     # ---- the turn -----------------------------------------------------------------------------
 

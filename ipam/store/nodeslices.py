@@ -10,7 +10,7 @@ status subresource: status is written with the object (POST, PUT). Writes are co
 resourceVersion (PUT carries the version read; 409 -> Conflict), and a PUT sends back the object as
 read with only the allocations changed, so the controller's owner references and anything else stay.
 
-Errors as in ipam.store.kube (`api_failure`; 404 is "absent"); every request is checked against
+Errors as in ipam.store.kubecall (`api_failure`; 404 is "absent"); every request is checked against
 ipam.rbac first."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ipam import kubeapi, rbac
 from ipam.kubeapi import ApiError, Client, Unreachable
 from ipam.store.base import StoreUnavailable
 from ipam.store.crd import API_VERSION, GROUP
-from ipam.store.kube import api_failure
+from ipam.store.kubecall import api_failure
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost every call
 if TYPE_CHECKING:

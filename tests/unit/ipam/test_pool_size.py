@@ -25,7 +25,8 @@ from ipam.kubeapi import ApiError
 from ipam.model import Allocation, Pool, PoolUpdate, PoolView
 from ipam.store import crd
 from ipam.store.base import StoreUnavailable
-from ipam.store.kube import KubeStore, api_failure
+from ipam.store.kube import KubeStore
+from ipam.store.kubecall import api_failure
 from tests.memstore import Backend, MemoryStore
 from tests.unit.ipam.conftest import count_queued
 from tests.unit.ipam.test_agent_batches import GateStore
