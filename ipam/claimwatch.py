@@ -22,7 +22,10 @@ node.
   sweep that fails is tried three times, then left to the reconciler.
 - A server that does not serve IPAMClaims (no CRD): logged, looked at again after the longest backoff.
 
-Failures are logged, never raised into plugin calls (own threads, own clients)."""
+Failures are logged, never raised into plugin calls (own threads, own clients). Neither thread ends on an
+exception (ipam.keeprunning: run again with backoff, said once each time it fails after working); at most
+QUEUE jobs wait for the sweeper: a deletion that finds the queue full ends the watch, and the next list
+finds the claim gone."""
 
 from __future__ import annotations
 
@@ -33,15 +36,15 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from cni import log
+from cni import faults, log
 from cni.errors import CniError
-from ipam import rbac
+from ipam import keeprunning, rbac
 from ipam.claimref import ClaimRef, claim_of
 from ipam.claims import GROUP, RECORDS, RESOURCE, VERSION
 from ipam.kubeapi import ApiError, Client, Unreachable
 from ipam.model import Allocation
 from ipam.podsource import PodInfo, PodSourceError
-from ipam.podwatch import BACKOFF, READ_SLACK, SWEEP_TRIES, WATCH_TIMEOUT  # the pod watch's, alike
+from ipam.podwatch import BACKOFF, PUT_WAIT, QUEUE, READ_SLACK, SWEEP_TRIES, WATCH_TIMEOUT  # the pod watch's
 from ipam.reconciler import Reconciler, Report
 from ipam.store.base import Store
 
@@ -117,7 +120,9 @@ class ClaimWatch:
         self.client, self.store, self.records, self.say = client, store, records, say
         self.timeout, self.backoff, self.idle, self.on_report = timeout, backoff, idle, on_report
         self.role = rbac.NODE
-        self.jobs: queue.Queue[dict[str, ClaimRef] | None] = queue.Queue()
+        self.jobs: queue.Queue[dict[str, ClaimRef] | None] = queue.Queue(QUEUE)
+        self.held: dict[str, ClaimRef] = {}  # the claims in the sweeper's hand (first after a restart)
+        self.failing = {"watch": False, "sweep": False}  # a thread failed and has not worked since
         self.stop = threading.Event()
         self.version = ""  # the resourceVersion to resume from ("": list first)
         self.lists = 0
@@ -133,8 +138,8 @@ class ClaimWatch:
         live = {str((i.get("metadata") or {}).get("uid") or "") for i in doc.get("items") or []
                 if isinstance(i, dict)}  # fmt: skip
         gone = {uid: ref for uid, ref in self.records.all().items() if uid not in live}
-        if gone:
-            self.jobs.put(gone)
+        if gone and not self._put(gone):
+            return  # stopping
         self.version = str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
     def events(self) -> Iterator[dict[str, Any]]:
@@ -159,7 +164,11 @@ class ClaimWatch:
             uid = str(meta.get("uid") or "")
             ref = self.records.get(uid)
             if ref is not None:
-                self.jobs.put({uid: ref})
+                try:
+                    self.jobs.put_nowait({uid: ref})
+                except queue.Full:  # the sweeper is behind: the next list (waiting for room) finds it gone
+                    self.version = ""
+                    return False
         return True
 
     def watch_once(self) -> None:
@@ -182,6 +191,7 @@ class ClaimWatch:
             try:
                 self.watch_once()
                 delay, told = self.backoff[0], False
+                self.failing["watch"] = False
                 continue
             except ApiError as e:
                 if e.status == 410:
@@ -206,6 +216,16 @@ class ClaimWatch:
 
     # the sweeper
 
+    def _put(self, job: dict[str, ClaimRef]) -> bool:
+        """Queue `job`, waiting while the queue is full (the sweeper is behind); False when stopping."""
+        while not self.stop.is_set():
+            try:
+                self.jobs.put(job, timeout=PUT_WAIT)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def take(self, block: bool = True) -> dict[str, ClaimRef] | None:
         """Every claim queued so far, as one job (waits for the first when `block`); None when stopping."""
         try:
@@ -220,12 +240,14 @@ class ClaimWatch:
             except queue.Empty:
                 return first
             if more is None:
-                self.jobs.put(None)
+                with contextlib.suppress(queue.Full):  # full: `stop` is set, the sweeper sees it
+                    self.jobs.put_nowait(None)
                 return first
             first.update(more)
 
     def sweep(self, gone: dict[str, ClaimRef]) -> Report:
         """One reconciler pass over what the claims `gone` own; their records dropped once it is clean."""
+        faults.point("claimwatch-sweep")  # tests: a sweep starting
         report = ClaimSweep(self.store, gone).run()
         for e in report.errors:
             log.warning("claim watch: %s", e)
@@ -238,27 +260,55 @@ class ClaimWatch:
         return report
 
     def run_sweeper(self) -> None:
-        while (gone := self.take()) is not None:
+        while not self.stop.is_set():
+            more = self.take(block=not self.held)
+            if more is None and not self.held:
+                return  # stopping
+            self.held.update(more or {})  # run again after a failure: the claims it had in hand, and the rest
+            gone = dict(self.held)
             for attempt in range(SWEEP_TRIES):
                 try:
                     self.on_report(gone, self.sweep(gone))
                     break
-                except CniError as e:
+                except Exception as e:  # the store out of reach (CniError), or anything else
+                    if not isinstance(e, CniError):
+                        log.error("claim watch: %s", log.traceback_text())
                     log.warning("claim watch: sweep failed (%s); %s", e,
                                 "again" if attempt + 1 < SWEEP_TRIES else "left to the reconciler")
                     if self.stop.wait(self.backoff[0] * 2**attempt):
                         return
+            self.held = {}
+            self.failing["sweep"] = False
+
+    def _keep(self, part: str, body: Callable[[], None], recover: Callable[[], None]) -> None:
+        """Run `body` (a thread's loop) again after any exception that escapes it (ipam.keeprunning): said
+        once each time the part fails after it worked, with the traceback."""
+
+        def down(e: Exception) -> None:
+            if not self.failing[part]:
+                self.failing[part] = True
+                self.say(f"claim watch: its {part} thread failed ({e!r}); run again with backoff")
+                log.error("claim watch: %s", log.traceback_text())
+
+        keeprunning.keep(self.stop, body, recover, down, lambda: not self.failing[part], self.backoff,
+                         "kubernetes")  # fmt: skip
+
+    def _list_next(self) -> None:
+        self.version = ""  # the watcher failed mid-event: list again (a relist finds what it missed)
 
     def start(self) -> None:
-        for target, name in ((self.run_watch, "claim-watch"), (self.run_sweeper, "claim-sweep")):
-            t = threading.Thread(target=target, name=name, daemon=True)
+        for part, body, recover in (("watch", self.run_watch, self._list_next),
+                                    ("sweep", self.run_sweeper, lambda: None)):  # fmt: skip
+            t = threading.Thread(target=self._keep, args=(part, body, recover), name=f"claim-{part}",
+                                 daemon=True)
             t.start()
             self._threads.append(t)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop both threads (the watch's connection is closed to end its read)."""
         self.stop.set()
-        self.jobs.put(None)
+        with contextlib.suppress(queue.Full):  # full: the sweeper is not waiting, it sees `stop`
+            self.jobs.put_nowait(None)
         self.client.http.interrupt()
         for t in self._threads:
             t.join(timeout)

@@ -38,7 +38,7 @@ from typing import Any
 
 from cni import faults, log, metrics
 from cni.errors import CniError
-from ipam import rbac
+from ipam import keeprunning, rbac
 from ipam.kubeapi import ApiError, Client, Unreachable
 from ipam.model import Allocation
 from ipam.podsource import PodSource
@@ -310,30 +310,15 @@ class PodWatch:
             self.health.up("sweep")
 
     def _keep(self, part: str, body: Callable[[], None], recover: Callable[[], None]) -> None:
-        """Run `body` (a thread's loop) until it returns; after any exception that escapes it: said once
-        (ipam/watchhealth.py, with the traceback), a wait (backoff doubling from the first to the longest,
-        back to the first when the part had worked again since), `recover`, and `body` again. What the
-        thread counts is labelled with the watch's store (cni.metrics STORE: a thread starts without)."""
-        label = metrics.STORE.set(self.store_label)
-        delay = self.backoff[0]
-        try:
-            while not self.stop.is_set():
-                try:
-                    body()
-                    return
-                except Exception as e:
-                    if self.stop.is_set():
-                        return
-                    if self.health.is_up(part):
-                        delay = self.backoff[0]
-                    if self.health.down(part, f"its {part} thread failed ({e!r}); run again with backoff"):
-                        log.error("pod watch: %s", log.traceback_text())
-                    if self.stop.wait(delay):
-                        return
-                    delay = min(delay * 2, self.backoff[1])
-                    recover()
-        finally:
-            metrics.STORE.reset(label)
+        """Run `body` (a thread's loop) again after any exception that escapes it (ipam.keeprunning): said
+        once while the part stays down (ipam/watchhealth.py, with the traceback)."""
+
+        def down(e: Exception) -> None:
+            if self.health.down(part, f"its {part} thread failed ({e!r}); run again with backoff"):
+                log.error("pod watch: %s", log.traceback_text())
+
+        keeprunning.keep(self.stop, body, recover, down, lambda: self.health.is_up(part), self.backoff,
+                         self.store_label)  # fmt: skip
 
     def _list_next(self) -> None:
         self.version = ""  # the watcher failed mid-event: list again (a relist finds what it missed)

@@ -6,17 +6,18 @@ judges a claim's entries."""
 from __future__ import annotations
 
 import io
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cni import jsonio, skel
+from cni import faults, jsonio, skel
 from cni.errors import Code, ConfigError
 from ipam import claims
 from ipam.claimref import ClaimRef, claim_of, claim_owner
 from ipam.claimwatch import ClaimSweep, ClaimWatch, Records
-from ipam.model import Allocation
+from ipam.model import Allocation, Pool, PoolUpdate
 from ipam.podsource import PodInfo, PodSourceError
 from ipam.reconciler import Reconciler
 from tests.memstore import Backend, MemoryStore
@@ -188,3 +189,64 @@ def test_without_a_claim_source_or_an_answer_a_claims_entry_is_kept() -> None:
     failing = Source({}, fail=True)
     with pytest.raises(PodSourceError):
         Reconciler(MemoryStore(Backend()), failing, claims=failing).verdict(owner)
+
+
+class ClosedClient:
+    """The watch's client as close() sees it (its watch is replaced in the test)."""
+
+    class http:
+        @staticmethod
+        def interrupt() -> None:
+            return None
+
+    def close(self) -> None:
+        return None
+
+
+class Once:
+    """A fault hook (cni.faults) that raises once at `point`, in whichever thread reaches it."""
+
+    def __init__(self, point: str) -> None:
+        self.point, self.fired = point, threading.Event()
+
+    def __call__(self, step: str) -> None:
+        if step == self.point and not self.fired.is_set():
+            self.fired.set()
+            raise RuntimeError(f"injected at {step}")
+
+
+def test_the_claim_watchs_threads_outlive_exceptions_nobody_expected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45 for the claim watch too: its sweeper meets an exception it does not expect (the store
+    raising a RuntimeError) and its thread is run again (ipam.keeprunning), the claim it had in hand
+    swept then; the watch's own thread likewise. Nothing is left of the deleted claim."""
+    watch, records = watch_over(tmp_path)
+    watch.backoff = (0.0, 0.0)
+    watch.client = ClosedClient()  # type: ignore[assignment]
+    store = watch.store
+    assert isinstance(store, MemoryStore)
+    entries = {"1": claim_owner(REF, "ns/l-1", "", "blue")}
+    store.commit_pool(Pool("198.51.100.0-24", "198.51.100.0/24"), PoolUpdate(put=entries))
+    seen: list[dict[str, ClaimRef]] = []
+    swept = threading.Event()
+    watch.on_report = lambda gone, report: (seen.append(gone), swept.set())  # type: ignore[func-returns-value]
+    broke = threading.Event()
+
+    def run_watch() -> None:  # fails once, then ends as a closed watch does
+        if not broke.is_set():
+            broke.set()
+            raise RuntimeError("the watch broke")
+
+    watch.run_watch = run_watch  # type: ignore[method-assign]
+    fault = Once("claimwatch-sweep")
+    monkeypatch.setattr(faults, "hook", fault)
+    watch.start()
+    try:
+        watch.jobs.put({REF.uid: REF})
+        assert swept.wait(30), "the claim was never swept"
+    finally:
+        watch.close()
+    assert fault.fired.is_set() and broke.is_set() and seen == [{REF.uid: REF}]
+    assert store.get_pool("198.51.100.0-24").allocations == {}  # type: ignore[union-attr]
+    assert records.all() == {}
