@@ -25,7 +25,8 @@ class Sink:
         """A CNI call served by the agent (code 0: success)."""
 
     def refused(self, reason: str) -> None:
-        """A call the agent did not take (it ran in-process): busy, build, stopping, uid, go, context."""
+        """A call the agent did not take (it ran in-process): busy, build, stopping, uid, protocol,
+        context."""
 
     def inflight(self, n: int) -> None:
         """Calls the agent is executing now."""

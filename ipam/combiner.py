@@ -177,9 +177,10 @@ class Combiner:
 
 
 def enter_home() -> None:
-    """This thread into the agent's own network namespace and working directory (`share(home=...)`;
-    nothing without one): its own filesystem context first (unshare CLONE_FS), so that fchdir moves this
-    thread alone, as cni.agent.server enter_caller does for a call thread."""
+    """This thread into the agent's own network namespace and working directory (`set_home`, given by
+    `ipam.batch.install(home)`; nothing without one): its own filesystem context first (unshare
+    CLONE_FS), so that fchdir moves this thread alone, as cni.agent.server enter_caller does for a call
+    thread."""
     fds = _Registry.home
     if fds is None:
         return

@@ -105,7 +105,7 @@ def _counter(data: bytes) -> int:
 class Held:
     """The lock while it is held: its file descriptor and the counter's value this holder wrote (the
     agent knows from it whether another holder wrote the pool since its own last write:
-    ipam.attempt.Memory); `left`: the notes of a holder that died holding it (the module docstring),
+    ipam.agentreads.Memory); `left`: the notes of a holder that died holding it (the module docstring),
     those the new holder has not dealt with yet."""
 
     def __init__(self, fd: int, path: str = "", count: int = 0, left: list[bytes] | None = None) -> None:

@@ -21,11 +21,13 @@ A writer with operations `ops` (`Writer.write`):
    the turn and runs a round with its own operations in hand;
 2. otherwise posts its intent and watches the turn: its intent in a round's `done`: written; in
    `rejected`: Conflict (the caller decides again on a fresh pool); the turn free: 1.
-A round (`Writer.round`): list the pool's intents (at least as new as the take), read the pool (the
-server's cache, at least as new as the last round's write), evaluate every intent on it in turn
-(`evaluate`: tests that fail reject it, unless it is already applied: done), write the rest as ONE JSON
-Patch, release the turn with the round's outcome. A write refused (a test failed against a newer pool)
-or unanswered (it may have been applied) is evaluated again on the pool as stored.
+A round (`Writer.round`): list the pool's intents (at least as new as the take), write them and the
+holder's own as ONE JSON Patch, unread (every operation is guarded); a write refused (a test failed) or
+unanswered (it may have been applied) reads the pool and evaluates every intent on it in turn
+(`evaluate`: tests that fail reject it, unless it is already applied: done) and writes the rest again.
+Then it lists again and releases the turn, with the round's outcome, to the writer of the oldest intent
+still waiting (else free). An intent is evaluated once: the outcome carries the handled intents that
+still exist (`Outcome.handled`).
 
 Correctness never rests on the turn: every operation keeps its own guard, so a holder taken over while
 still writing, or a writer outside the turn (upstream whereabouts, the reconciler) can only make a

@@ -109,7 +109,7 @@ class Store(Protocol):
 
     def written(self, name: str, version: str) -> Pool | None:
         """Pool `name` at `version` as this handle last read or wrote it (the agent decides its next
-        batch on its last write's: ipam.attempt.Memory); None: unknown."""
+        batch on its last write's: ipam.agentreads.Memory); None: unknown."""
         return None
 
     def known_reservation(self, name: str) -> Reservation | None:

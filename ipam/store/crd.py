@@ -15,8 +15,8 @@ What the schema cannot hold goes into annotations (unknown spec fields would be 
   only added while the annotations stay within OWNERS_BUDGET bytes: allocations past the budget lose
   only their pycni extras (the reconciler then compares pod names, GC leaves them alone). With
   overlapping ranges on (the default; node slices too) the engine writes entries without extras at
-  all (ipam.engine `lean`): every entry's reservation carries them, and a pool without them is cheaper
-  for the API server to write; readers join them back (ipam.model.joined).
+  all (ipam.engine `Engine.lean_for`): every entry's reservation carries them, and a pool without them
+  is cheaper for the API server to write; readers join them back (ipam.model.joined).
 - the first format, `pycni.io/owners` (`{"<offset>": [pod_uid, network, node]}`, no stamp), cannot
   tell which allocation it was written for, so it is never attached (its allocations read as upstream
   ones) and our next write of the pool removes it. Older pycni nodes during a rolling upgrade do not

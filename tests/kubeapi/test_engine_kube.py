@@ -1,5 +1,5 @@
 """What the engine saves on the real kube-apiserver between calls, counted request by request: the agent
-(its memory of each pool: ipam.attempt.Memory; ipam.store.kube known reservations), and what a plugin
+(its memory of each pool: ipam.agentreads.Memory; ipam.store.kube known reservations), and what a plugin
 process (the plain path) sends; and that what the agent skips never costs correctness: an entry its
 memory does not hold is still found and freed."""
 

@@ -10,7 +10,7 @@ faults a loaded server produces injected at the step that lost the deletion, det
 - a release that keeps failing is the DEL's error (code 11), never an answer of success: the runtime's
   retried DEL frees it.
 
-Each runs in the agent's mode (ipam.batch.share) and the first also as a plugin process (no sharing)."""
+Each runs in the agent's mode (ipam.batch.install) and the first also as a plugin process (no sharing)."""
 
 from __future__ import annotations
 
