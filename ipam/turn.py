@@ -73,6 +73,7 @@ TURN_SECONDS = 5.0  # a holder whose turn did not move this long (by a waiter's 
 STALE_SECONDS = 10.0  # an intent this old that a round handled: its writer is gone (a live one deletes
 # its own at once); deleting a live writer's intent is harmless (its verdict is in the same round)
 MINE = ""  # the holder's own operations in a round's plan (not posted as an intent)
+OUT_OF_REACH_PAUSE = 0.5  # a waiter whose server is out of reach looks again after this long
 
 
 class Gone(Exception):
@@ -269,9 +270,9 @@ class Writer:
 
     def __init__(
         self, objects: Objects, me: str, limit: float = 120.0, clock: Callable[[], float] = time.monotonic,
-        turn_seconds: float = TURN_SECONDS,
+        turn_seconds: float = TURN_SECONDS, sleep: Callable[[float], None] = time.sleep,
     ) -> None:  # fmt: skip
-        self.o, self.me, self.limit, self.clock = objects, me, limit, clock
+        self.o, self.me, self.limit, self.clock, self.sleep = objects, me, limit, clock, sleep
         self.turn_seconds = turn_seconds
         self.rounds = 0  # rounds this writer held (counted for tests and metrics)
         self.waited = False  # the last write waited for another holder (the pool is contended)
@@ -319,20 +320,20 @@ class Writer:
             now = self.clock()
             if now - start > self.limit:
                 raise TryAgainError(f"turn: not written within {self.limit:g}s (holder {state.holder!r})")
-            held: State | None = None
-            if state.holder == self.me:  # handed over by the last holder
-                held = state
-            elif not state.holder or now - seen_at >= self.turn_seconds:  # free, or its holder silent
-                held = self.o.take(state, self.me)
-                if held is not None and state.holder:
-                    log.info("turn: took over from %s (silent for %gs)", state.holder, self.turn_seconds)
-                seen_at = self.clock()  # lost the race: its winner's change is coming
-            if held is not None:
-                got = _verdict(self.round(held, None), intent.name)
-                if got is None:  # (a round lists every intent posted before its take)
-                    raise Conflict(f"turn: intent {intent.name} not in its own writer's round")
-                return got
             try:
+                held: State | None = None
+                if state.holder == self.me:  # handed over by the last holder
+                    held = state
+                elif not state.holder or now - seen_at >= self.turn_seconds:  # free, or its holder silent
+                    held = self.o.take(state, self.me)
+                    if held is not None and state.holder:
+                        log.info("turn: took over from %s (silent for %gs)", state.holder, self.turn_seconds)
+                    seen_at = self.clock()  # lost the race: its winner's change is coming
+                if held is not None:
+                    got = _verdict(self.round(held, None), intent.name)
+                    if got is None:  # (a round lists every intent posted before its take)
+                        raise Conflict(f"turn: intent {intent.name} not in its own writer's round")
+                    return got
                 for new in self.o.changes(since, self.turn_seconds):
                     if new.version != state.version:  # the turn moved (not just seen again)
                         seen_at = self.clock()
@@ -346,6 +347,11 @@ class Writer:
                 pool = self.o.pool("")
                 if applied(pool, intent.ops):
                     return str((pool.get("metadata") or {}).get("resourceVersion") or state.last.pool)
+            except StoreUnavailable as e:  # the server out of reach (restarted, its network cut): the
+                # intent stays and may still be written by a round, so the call may not end (an ADD
+                # that failed here and was retried would hold two entries): wait, within the limit
+                log.debug("turn: waiting for the server (%s)", e)
+                self.sleep(OUT_OF_REACH_PAUSE)
 
     def round(self, held: State, mine: Ops | None) -> Outcome:
         """The holder's round (module docstring): `mine` and every intent of the pool not yet handled,

@@ -278,9 +278,10 @@ def own_server(tmp_path: Path) -> Iterator[kubeup.KubeServer]:
 
 def test_the_api_server_restarted_while_writers_wait(own_server: kubeup.KubeServer, tmp_path: Path) -> None:
     """Sixteen ADDs of eight nodes on one shared pool; once intents wait, the API server is restarted
-    (down a second): the calls it failed answer code 11 and their retries succeed; no address twice, and
-    the DELs leave nothing (the intents of calls that died with the server are written or refused by a
-    later round and deleted by the one after)."""
+    (down a second): a call whose intent waits keeps it and is written once the server is back; a call
+    that failed all the same answers code 11 and its retry succeeds; one entry per attachment (a call
+    that answered code 11 while its intent could still be written would hold two after its retry), no
+    address twice, and the DELs leave nothing."""
     tenant = Tenant(own_server, tmp_path / "kube")
     conf, ns = _conf(tenant, tmp_path), tenant.namespace
     _call(conf, _env("ADD", _cid(999), "node-a", ns))
@@ -301,6 +302,4 @@ def test_the_api_server_restarted_while_writers_wait(own_server: kubeup.KubeServ
     assert set(_held(tenant)) == {cid for cid, _ in work} | {_cid(999), _cid(998)}
     for cid, node in [*work, (_cid(999), "node-a"), (_cid(998), "node-b")]:
         _call(conf, _env("DEL", cid, node, ns))
-    if tenant.pools().get(POOL):  # DEBUG
-        print("LEFT", tenant.pools().get(POOL), tenant.reservations(), _intents(tenant), _turn(tenant))
     _nothing_left(tenant)

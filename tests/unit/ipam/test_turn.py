@@ -51,6 +51,7 @@ class Objects:
         self.fail_write: BaseException | None = None
         self.gone_once = False
         self.too_old = 0  # a watch from an older version is Gone (the server keeps no older events)
+        self.out_of_reach = 0  # the next this many watches and takes fail: the server out of reach
 
     def clock(self) -> float:
         return self.now
@@ -79,6 +80,7 @@ class Objects:
             return self._set("")
 
     def take(self, seen: State, me: str) -> State | None:
+        self._reach()
         with self.cv:
             if self.history[-1].version != seen.version:
                 return None
@@ -91,7 +93,13 @@ class Objects:
                 return None
             return self._set(to, outcome)
 
+    def _reach(self) -> None:
+        if self.out_of_reach:
+            self.out_of_reach -= 1
+            raise StoreUnavailable("kubernetes: leases/t: connection refused")
+
     def changes(self, since: str, seconds: float) -> Iterator[State]:
+        self._reach()
         if self.gone_once:
             self.gone_once = False
             raise turn.Gone()
@@ -354,3 +362,38 @@ def test_a_silent_holder_is_taken_over_when_the_server_keeps_no_events_as_old_as
     w.write(add("3", "c3"))
     assert objs.takes == ["n1/1/a"] and objs.entries()["3"]["id"] == "c3"
     assert 5.0 <= objs.now <= 15.0
+
+
+def test_a_waiter_whose_server_is_out_of_reach_keeps_its_intent_until_a_round_writes_it() -> None:
+    """The server restarted while an intent waits: the intent may still be written by a round, so its
+    writer keeps it and waits (an ADD that answered code 11 here and was retried would hold two entries:
+    the retry's and, later, this intent's). Once the server answers again (here: the holder silent, so
+    the waiter takes the turn over), the intent is written once and deleted by its writer."""
+    objs = Objects()
+    objs.held_by("dead/1/x")
+    objs.instant, objs.out_of_reach = True, 3
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        objs.now += seconds
+
+    w = Writer(objs, "n1/1/a", limit=30.0, clock=objs.clock, turn_seconds=5.0, sleep=pause)
+    version = w.write(add("1", "c1"))
+    assert version == objs.stored["metadata"]["resourceVersion"]
+    assert objs.entries() == {"1": {"id": "c1", "podref": "ns/c1", "ifname": "net1"}} and objs.writes == 1
+    assert pauses == [turn.OUT_OF_REACH_PAUSE] * 3 and objs.takes == ["n1/1/a"] and not objs.intents_
+
+
+def test_a_waiter_whose_server_stays_out_of_reach_gives_up_at_its_limit() -> None:
+    objs = Objects()
+    objs.held_by("dead/1/x")
+    objs.out_of_reach = 10**6
+
+    def pause(seconds: float) -> None:
+        objs.now += seconds
+
+    w = Writer(objs, "n1/1/a", limit=10.0, clock=objs.clock, turn_seconds=5.0, sleep=pause)
+    with pytest.raises(TryAgainError, match="not written within 10s"):
+        w.write(add("1", "c1"))
+    assert objs.writes == 0 and not objs.intents_
