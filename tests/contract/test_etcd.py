@@ -336,7 +336,7 @@ def test_etcd_killed_mid_storm_then_recovers(tmp_path: Path) -> None:
         assert all("has no allocation" in p and any(c in p for c in failed) for p in problems), problems
         assert all(owners[("etcdnet", a.cid, a.ifname)] == got for a, got in ok.items())
         results = spawn_all([(a.env("DEL"), conf) for a in down])  # the runtime cleans up failed ADDs
-        assert all(rc == 0 for rc, _, _ in results), results
+        assert all(rc == 0 for rc, _, _ in results), [(rc, out, err[-800:]) for rc, out, err in results if rc]
         results = spawn_all([(a.env("ADD"), conf) for a in atts])
         assert all(rc == 0 for rc, _, _ in results), results
         for a, (_, out, _) in zip(atts, results, strict=True):
