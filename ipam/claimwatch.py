@@ -44,7 +44,7 @@ from ipam.claims import GROUP, RECORDS, RESOURCE, VERSION
 from ipam.kubeapi import ApiError, Client, Unreachable
 from ipam.model import Allocation
 from ipam.podsource import PodInfo, PodSourceError
-from ipam.podwatch import BACKOFF, PUT_WAIT, QUEUE, READ_SLACK, SWEEP_TRIES, WATCH_TIMEOUT  # the pod watch's
+from ipam.podwatch import BACKOFF, QUEUE, READ_SLACK, SWEEP_TRIES, WATCH_TIMEOUT  # the pod watch's
 from ipam.reconciler import Reconciler, Report
 from ipam.store.base import Store
 
@@ -138,7 +138,7 @@ class ClaimWatch:
         live = {str((i.get("metadata") or {}).get("uid") or "") for i in doc.get("items") or []
                 if isinstance(i, dict)}  # fmt: skip
         gone = {uid: ref for uid, ref in self.records.all().items() if uid not in live}
-        if gone and not self._put(gone):
+        if gone and not keeprunning.put(self.jobs, gone, self.stop):
             return  # stopping
         self.version = str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -215,16 +215,6 @@ class ClaimWatch:
             log.warning("claim watch: %s (again in %.1f s)", e, delay)
 
     # the sweeper
-
-    def _put(self, job: dict[str, ClaimRef]) -> bool:
-        """Queue `job`, waiting while the queue is full (the sweeper is behind); False when stopping."""
-        while not self.stop.is_set():
-            try:
-                self.jobs.put(job, timeout=PUT_WAIT)
-                return True
-            except queue.Full:
-                continue
-        return False
 
     def take(self, block: bool = True) -> dict[str, ClaimRef] | None:
         """Every claim queued so far, as one job (waits for the first when `block`); None when stopping."""

@@ -4,6 +4,7 @@ backoff, told once by the caller's `down` and counted under the caller's store."
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable
 
@@ -39,3 +40,17 @@ def keep(
                 recover()
     finally:
         metrics.STORE.reset(label)
+
+
+PUT_WAIT = 1.0  # seconds a watcher waiting for room in the queue sleeps between looks at `stop`
+
+
+def put[T](jobs: queue.Queue[T | None], job: T, stop: threading.Event) -> bool:
+    """Queue `job`, waiting while the queue is full (the sweeper is behind); False when stopping."""
+    while not stop.is_set():
+        try:
+            jobs.put(job, timeout=PUT_WAIT)
+            return True
+        except queue.Full:
+            continue
+    return False

@@ -54,7 +54,6 @@ BACKOFF = (0.5, 30.0)  # first and longest wait before the watch is opened again
 PODS = "/api/v1/pods"  # every namespace, filtered by node (fieldSelector)
 SWEEP_TRIES = 3  # a sweep that fails (store unreachable) is tried again this often; then the reconciler
 QUEUE = 256  # jobs waiting for the sweeper at most (one per deletion; the sweeper takes them all at once)
-PUT_WAIT = 1.0  # seconds a watcher waiting for room in the queue sleeps between looks at `stop`
 
 
 class ScopedReconciler(Reconciler):
@@ -143,7 +142,7 @@ class PodWatch:
             if gone:
                 self.say(f"pod watch: {len(gone)} pods of node {self.node} went while it was not watching")
                 job = Job(gone=gone)
-        if job is not None and not self._put(job):
+        if job is not None and not keeprunning.put(self.jobs, job, self.stop):
             return  # stopping
         self.known = listed
         self.version = str((doc.get("metadata") or {}).get("resourceVersion") or "")
@@ -235,16 +234,6 @@ class PodWatch:
             log.debug("pod watch on node %s: %s (again in %.1f s)", self.node, e, delay)
 
     # the sweeper
-
-    def _put(self, job: Job) -> bool:
-        """Queue `job`, waiting while the queue is full (the sweeper is behind); False when stopping."""
-        while not self.stop.is_set():
-            try:
-                self.jobs.put(job, timeout=PUT_WAIT)
-                return True
-            except queue.Full:
-                continue
-        return False
 
     def take(self, block: bool = True) -> Job | None:
         """Every job queued so far as one (waits for the first when `block`); None when stopping, or
