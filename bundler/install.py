@@ -16,15 +16,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import signal
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from bundler import binaries, fsutil, hostconf, manifest, state
 from bundler.cli import Options
 from cni import log
+from cni.stopsignal import StopSignal
 
 
 @contextlib.contextmanager
@@ -169,9 +168,7 @@ def serve(o: Options, interval: float, full_every: int, ready_file: Path | None,
     """Long-running mode: install (or, with `remove`, uninstall), then re-verify and repair every
     `interval` seconds until SIGTERM. Uninstall mode lets a DaemonSet roll out `--uninstall` and report
     ready once every node is clean, before the DaemonSet is deleted."""
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = StopSignal().install()  # not a threading.Event set by the handler: see cni.stopsignal
     ready, n = False, 0
     while not stop.is_set():
         try:

@@ -300,10 +300,7 @@ class ClaimWatch:
         with contextlib.suppress(queue.Full):  # full: the sweeper is not waiting, it sees `stop`
             self.jobs.put_nowait(None)
         self.client.http.interrupt()
-        for t in self._threads:
-            t.join(timeout)
-        self.client.close()
-        self.store.close()
+        keeprunning.close_after(self._threads, timeout, [self.client.close, self.store.close], "claim watch")
 
 
 class NotKubernetes(Exception):

@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import signal
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from cni import jsonio, metrics
 from cni.errors import CniError, ConfigError
+from cni.stopsignal import StopSignal
 from ipam import config, removal
 from ipam.model import Allocation, Attachment, Pool, by_attachment, joined
 from ipam.podsource import ClaimSource, PodSource
@@ -245,9 +244,7 @@ def cmd_reconcile(store: Store, args: argparse.Namespace, conf: config.StoreConf
             summary(report)
             return 1 if report.errors else 0
         serve_metrics(args.metrics)
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        stop = StopSignal().install()  # not a threading.Event set by the handler: see cni.stopsignal
         run_forever(make, args.interval, stop, summary)
         return 0
     finally:

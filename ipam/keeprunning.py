@@ -1,14 +1,16 @@
 """A thread of the agent that never ends on an exception (issue 45: its pod watch and IPAMClaim watch,
 ipam.podwatch and ipam.claimwatch): its loop is run again after any exception that escapes it, with
-backoff, told once by the caller's `down` and counted under the caller's store."""
+backoff, told once by the caller's `down` and counted under the caller's store. Also the two watches'
+queueing while their sweeper is behind (put) and their closing (close_after)."""
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 
-from cni import metrics
+from cni import log, metrics
 
 
 def keep(
@@ -54,3 +56,24 @@ def put[T](jobs: queue.Queue[T | None], job: T, stop: threading.Event) -> bool:
         except queue.Full:
             continue
     return False
+
+
+def close_after(
+    threads: list[threading.Thread], timeout: float, closers: list[Callable[[], None]], what: str
+) -> bool:
+    """Once each of `threads` (told to stop, its read interrupted) has ended, within `timeout` seconds
+    in all, call each of `closers` (the connections and stores the threads used); whether they were.
+    A thread still running keeps them open (a warning says so): a connection closed under a thread still
+    in a TLS read frees its descriptor number, which the next connection opened in the process takes,
+    and that read would then consume the new connection's bytes (its handshake fails, or worse)."""
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    running = [t.name for t in threads if t.is_alive()]
+    if running:
+        log.warning("%s: %s still running after %g s; its connections are left open (closed with the "
+                    "process)", what, ", ".join(running), timeout)
+        return False
+    for close in closers:
+        close()
+    return True

@@ -312,10 +312,14 @@ class PodWatch:
     def _list_next(self) -> None:
         self.version = ""  # the watcher failed mid-event: list again (a relist finds what it missed)
 
-    def start(self) -> None:
-        self.health.starting("watch", "sweep")
-        for part, body, recover in (("watch", self.run_watch, self._list_next),
-                                    ("sweep", self.run_sweeper, lambda: None)):  # fmt: skip
+    def start(self, sweep: bool = True) -> None:
+        """The watch's and the sweeper's threads (without `sweep`: the watch's only, its jobs left to the
+        caller's take() and sweep())."""
+        parts: list[tuple[str, Callable[[], None], Callable[[], None]]] = [
+            ("watch", self.run_watch, self._list_next), ("sweep", self.run_sweeper, lambda: None)]
+        parts = parts if sweep else parts[:1]
+        self.health.starting(*(part for part, _, _ in parts))
+        for part, body, recover in parts:
             t = threading.Thread(target=self._keep, args=(part, body, recover), name=f"pod-{part}",
                                  daemon=True)
             t.start()
@@ -327,11 +331,8 @@ class PodWatch:
         with contextlib.suppress(queue.Full):  # full: the sweeper is not waiting, it sees `stop`
             self.jobs.put_nowait(None)
         self.client.http.interrupt()
-        for t in self._threads:
-            t.join(timeout)
-        self.client.close()
-        self.store.close()
-        self.pods.close()
+        closers = [self.client.close, self.store.close, self.pods.close]
+        keeprunning.close_after(self._threads, timeout, closers, "pod watch")
 
 
 def _key(obj: dict[str, Any]) -> PodKey:

@@ -17,11 +17,11 @@ and how each run went."""
 from __future__ import annotations
 
 import ipaddress
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from cni import log, metrics
 from cni.errors import CniError
@@ -280,8 +280,15 @@ def _prefixes(network_name: str, node: str) -> tuple[str, ...]:
     return (network_name,)
 
 
+class Stop(Protocol):
+    """What run_forever waits on: a cni.stopsignal.StopSignal (the CLI's), or a threading.Event."""
+
+    def is_set(self) -> bool: ...
+    def wait(self, timeout: float) -> bool: ...
+
+
 def run_forever(
-    make: Callable[[], Reconciler], interval: float, stop: threading.Event, report: Callable[[Report], None]
+    make: Callable[[], Reconciler], interval: float, stop: Stop, report: Callable[[Report], None]
 ) -> None:
     """Run every `interval` seconds until `stop` is set; one failed run is logged, not fatal."""
     while not stop.is_set():

@@ -169,8 +169,7 @@ def test_a_statefulset_pod_replaced_by_one_of_the_same_name_keeps_the_new_pods_e
     ns, node = tenant.namespace, node_of(tenant)
     old = tenant.create_pod("db-0", node=node)["metadata"]["uid"]
     w = opened(tenant, tmp_path)
-    watcher = threading.Thread(target=w.run_watch, daemon=True)
-    watcher.start()
+    w.start(sweep=False)  # (close() joins it before it closes the connection the watch reads)
     try:
         assert w.take() is not None  # the start-up list
         tenant.delete_pod("db-0")
