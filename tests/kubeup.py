@@ -128,9 +128,16 @@ class KubeServer:
         env = dict(os.environ)
         if parent is not None:
             env["UP_TMPDIR"] = str(parent)
-        proc = subprocess.run(
-            [str(UPSTREAM / "kube-up")], capture_output=True, text=True, env=env, check=False, timeout=300
-        )
+        try:
+            proc = subprocess.run(
+                [str(UPSTREAM / "kube-up")], capture_output=True, text=True, env=env, check=False, timeout=300
+            )
+        except BaseException:  # interrupted (SIGTERM, a timeout): kube-up may have started etcd and the
+            if parent is not None:  # apiserver (nohup) before run() killed it: stop what its directory names
+                for started in parent.glob("kube-up.*"):
+                    subprocess.run([str(UPSTREAM / "kube-down"), str(started)], capture_output=True,
+                                   check=False)  # fmt: skip
+            raise
         if proc.returncode != 0:
             raise RuntimeError(f"kube-up failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         return cls(Path(proc.stdout.strip().splitlines()[-1]))

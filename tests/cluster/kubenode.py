@@ -176,8 +176,13 @@ def up(workdir: Path, kube_proxy: bool = True) -> Cluster:
     (host / "devinfo").mkdir()
     env = {**os.environ, "MULTUS": "1", "KUBE_PROXY": "1" if kube_proxy else "0", "UP_TMPDIR": str(workdir),
            "PYCNI_AGENT_FIFO": str(host / "run-pycni" / "agent.fifo")}
-    proc = subprocess.run([str(UPSTREAM / "kube-node-up")], capture_output=True, text=True, env=env,
-                          check=False, timeout=900)
+    try:
+        proc = subprocess.run([str(UPSTREAM / "kube-node-up")], capture_output=True, text=True, env=env,
+                              check=False, timeout=900)  # fmt: skip
+    except BaseException:  # interrupted (SIGTERM, a timeout) before it could clean up: what it started
+        for started in workdir.glob("kube-up.*"):  # runs on (nohup): undo it as after a crash
+            down(started)
+        raise
     if proc.returncode != 0:  # kube-node-up cleans up after itself on failure
         raise AssertionError(f"kube-node-up failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     state = Path(proc.stdout.strip().splitlines()[-1])
