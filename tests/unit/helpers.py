@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import subprocess
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +90,20 @@ def run(env: dict[str, str], stdin: bytes | dict[str, Any] | str = b"") -> Outco
     out = io.BytesIO()
     rc = skel.run(FAKE, env, io.BytesIO(stdin), out)
     return Outcome(rc, out.getvalue())
+
+
+@contextlib.contextmanager
+def reaped() -> Iterator[list[subprocess.Popen[Any]]]:
+    """The processes a test appends to the list: at the end each one still running is killed, and every
+    one is waited for (its pipes read to their end)."""
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
 
 
 def in_threads(n: int, call: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:

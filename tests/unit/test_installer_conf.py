@@ -18,6 +18,7 @@ from cni.errors import CniError
 from tests.bundle_layouts import FAKE_EXE, fake_layout, opts
 from tests.logtee import PYTHONPATH
 from tests.nsutil import REPO
+from tests.unit.helpers import reaped
 from tests.waits import until
 
 pytestmark = pytest.mark.skipif(not FAKE_EXE.exists(), reason=f"{FAKE_EXE} (containernetworking-plugins)")
@@ -111,21 +112,17 @@ def log_of(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
+    with reaped() as procs:
 
-    def start(*args: str) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "bundler.install", "--interval", "0.1", "--full-verify-every", "2",
-               *args]
-        with log_of(tmp_path).open("ab") as log:
-            p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": PYTHONPATH}, stderr=log)
-        procs.append(p)
-        return p
+        def start(*args: str) -> subprocess.Popen[bytes]:
+            cmd = [sys.executable, "-m", "bundler.install", "--interval", "0.1", "--full-verify-every", "2",
+                   *args]
+            with log_of(tmp_path).open("ab") as log:
+                p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": PYTHONPATH}, stderr=log)
+            procs.append(p)
+            return p
 
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
+        yield start
 
 
 def test_long_running_mode(tmp_path: Path, sa: tuple[Path, Path],

@@ -13,34 +13,25 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.logtee import PYTHONPATH
+from tests.nsutil import REPO
+from tests.unit.helpers import reaped
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BOUND = 60  # seconds: only ever reached when the wait does not wake
 
 
 @pytest.fixture
 def child() -> Iterator[Callable[[str], subprocess.Popen[str]]]:
     """Start a child running `code`; killed at the end if it still runs (a wait that never woke)."""
-    procs: list[subprocess.Popen[str]] = []
+    with reaped() as procs:
 
-    def start(code: str) -> subprocess.Popen[str]:
-        p = subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(code)],
-            cwd=REPO,
-            text=True,
-            env={**os.environ, "PYTHONPATH": PYTHONPATH},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        procs.append(p)
-        return p
+        def start(code: str) -> subprocess.Popen[str]:
+            p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, text=True,
+                                 env={**os.environ, "PYTHONPATH": PYTHONPATH},
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            procs.append(p)
+            return p
 
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.communicate()
+        yield start
 
 
 def test_a_signal_another_thread_took_wakes_the_main_threads_wait_at_once(
